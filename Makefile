@@ -1,0 +1,18 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+
+$(VENV)/.installed-%: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[$*]"
+	touch $@
+
+.PHONY: demo test
+demo: $(VENV)/.installed-models
+	$(VENV)/bin/remat demo
+
+test: $(VENV)/.installed-test
+	$(PY) -m pytest -q

@@ -1,0 +1,1 @@
+"""remat: fit a PyTorch training step into a memory budget by rematerialization."""
