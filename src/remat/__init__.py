@@ -1,1 +1,34 @@
-"""remat: fit a PyTorch training step into a memory budget by rematerialization."""
+"""remat: make a PyTorch training step fit a memory budget by rematerialization.
+
+    import remat
+    m = remat.optimize(model, x, budget="2GiB")
+    loss = m(x); loss.backward()
+    print(m.plan.summary())
+"""
+
+from . import backend as _backend  # noqa: F401  (registers the "remat" torch.compile backend)
+from .api import RematModule, capture_and_plan, optimize, plan
+from .errors import CaptureError, InfeasibleBudgetError, InvalidPlanError, RematError, SolverError
+from .graph import Graph
+from .measure import StepMeasurement, measure_step
+from .plan import Plan, simulate
+from .solvers import available as available_solvers
+
+__all__ = [
+    "optimize",
+    "plan",
+    "capture_and_plan",
+    "RematModule",
+    "Plan",
+    "Graph",
+    "simulate",
+    "measure_step",
+    "StepMeasurement",
+    "available_solvers",
+    "RematError",
+    "InfeasibleBudgetError",
+    "CaptureError",
+    "InvalidPlanError",
+    "SolverError",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,184 @@
+"""The public API: ``remat.optimize`` and ``remat.plan``.
+
+    m = remat.optimize(model, x, budget="2GiB")   # same parameters, same state_dict
+    loss = m(x); loss.backward(); opt.step()      # nothing else changes
+    print(m.plan.summary())
+
+    plan = remat.plan(model, x, budget=0.3, solver="chen_sqrt")   # plans, runs nothing
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .backend import remat_backend
+from .capture import Capture
+from .errors import CaptureError, RematError
+from .plan import Plan
+
+
+class _PlanReady(Exception):
+    """Raised from inside the backend by :func:`plan` to stop before anything runs."""
+
+
+def _unwrap_compile_error(err: BaseException) -> BaseException:
+    """The remat error inside Dynamo's wrapper, or a CaptureError naming the graph break."""
+    seen = err
+    while seen is not None:
+        if isinstance(seen, (RematError, _PlanReady)):
+            return seen
+        seen = getattr(seen, "inner_exception", None) or seen.__cause__
+    if isinstance(err, torch._dynamo.exc.Unsupported) or "graph break" in str(err).lower():
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return CaptureError(
+            f"remat needs the model's forward as one graph, but Dynamo could not capture it: {first}. "
+            "Rewrite that part of forward() without data-dependent Python control flow or unsupported calls "
+            "(see the full reason below), or plan the parts on either side of it separately."
+        )
+    return err
+
+
+def _compile(model: nn.Module, options: dict):
+    return torch.compile(model, backend=remat_backend, options=options, fullgraph=True, dynamic=False)
+
+
+@contextlib.contextmanager
+def _no_lasting_effects(model: nn.Module):
+    """Run a forward pass for capture without changing RNG streams or buffers."""
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    devices = sorted({b.device.index for b in model.parameters() if b.device.type == "cuda"} - {None})
+    with torch.random.fork_rng(devices=devices):
+        yield
+    with torch.no_grad():
+        for b, saved in buffers:
+            b.copy_(saved)
+
+
+class RematModule(nn.Module):
+    """``model`` with a planned training step. Shares its parameters, buffers and submodules.
+
+    Its forward runs the planned graph when gradients are enabled and the original
+    model otherwise (evaluation does not need a plan). ``plan`` is the plan of the
+    most recent capture (a new input shape makes a new capture and plan).
+    """
+
+    def __init__(self, model: nn.Module, options: dict):
+        super().__init__()
+        object.__setattr__(self, "_remat_original", model)
+        object.__setattr__(self, "_modules", model._modules)
+        object.__setattr__(self, "_parameters", model._parameters)
+        object.__setattr__(self, "_buffers", model._buffers)
+        self.training = model.training
+        self._remat_plans: list[Plan] = []
+        self._remat_captures: list[Capture] = []
+        options = dict(options)
+        options["on_plan"] = self._record
+        object.__setattr__(self, "_remat_compiled", _compile(model, options))
+
+    def _record(self, plan: Plan, capture: Capture) -> None:
+        self._remat_plans.append(plan)
+        self._remat_captures.append(capture)
+
+    @property
+    def plan(self) -> Plan | None:
+        return self._remat_plans[-1] if self._remat_plans else None
+
+    @property
+    def original(self) -> nn.Module:
+        return self._remat_original
+
+    def forward(self, *args, **kwargs):
+        if not torch.is_grad_enabled():
+            return self._remat_original(*args, **kwargs)
+        try:
+            return self._remat_compiled(*args, **kwargs)
+        except Exception as err:  # surface remat's own errors, not Dynamo's wrapper
+            inner = _unwrap_compile_error(err)
+            if inner is err:
+                raise
+            raise inner from err
+
+    def train(self, mode: bool = True):
+        self._remat_original.train(mode)
+        self.training = mode
+        return self
+
+    def extra_repr(self) -> str:
+        return repr(self.plan) if self.plan else "not planned yet"
+
+
+def optimize(
+    model: nn.Module,
+    *example_args,
+    budget=None,
+    solver: str = "auto",
+    cost_model: Any = "flops",
+    time_limit: float | None = None,
+    solver_options: dict | None = None,
+    **example_kwargs,
+) -> RematModule:
+    """Plan ``model``'s training step for ``budget`` and return a module that runs the plan.
+
+    The example inputs are run through the forward once, to capture the graph; the model's
+    buffers (e.g. BatchNorm statistics) and the random number generators are restored
+    afterwards, so this leaves no trace on training. Raises
+    :class:`~remat.errors.InfeasibleBudgetError` when no plan fits and
+    :class:`~remat.errors.CaptureError` when the forward cannot be captured as one graph.
+    """
+    options = dict(budget=budget, solver=solver, cost_model=cost_model, time_limit=time_limit,
+                   solver_options=solver_options or {})
+    wrapped = RematModule(model, options)
+    with _no_lasting_effects(model), torch.enable_grad():
+        wrapped(*example_args, **example_kwargs)
+    return wrapped
+
+
+def plan(
+    model: nn.Module,
+    *example_args,
+    budget=None,
+    solver: str = "auto",
+    cost_model: Any = "flops",
+    time_limit: float | None = None,
+    solver_options: dict | None = None,
+    **example_kwargs,
+) -> Plan:
+    """Capture and plan ``model``'s training step without running it."""
+    plan, _capture = capture_and_plan(
+        model, *example_args, budget=budget, solver=solver, cost_model=cost_model,
+        time_limit=time_limit, solver_options=solver_options, **example_kwargs,
+    )
+    return plan
+
+
+def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_model="flops", time_limit=None,
+                     solver_options=None, **example_kwargs) -> tuple[Plan, Capture]:
+    """Like :func:`plan`, also returning the :class:`~remat.capture.Capture`."""
+    result: list = []
+
+    def stop(plan: Plan, capture: Capture):
+        result.append((plan, capture))
+        raise _PlanReady()
+
+    options = dict(budget=budget, solver=solver, cost_model=cost_model, time_limit=time_limit,
+                   solver_options=solver_options or {}, on_plan=stop)
+    compiled = _compile(model, options)
+    try:
+        with torch.enable_grad():
+            compiled(*example_args, **example_kwargs)
+    except Exception as err:
+        inner = _unwrap_compile_error(err)
+        if not isinstance(inner, _PlanReady):
+            if inner is err:
+                raise
+            raise inner from err
+    if not result:
+        raise CaptureError(
+            "the model's forward produced no training graph: do its outputs depend on parameters "
+            "or inputs that require gradients?"
+        )
+    return result[0]

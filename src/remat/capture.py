@@ -1,0 +1,281 @@
+"""Joint forward+backward FX graph (from AOTAutograd) → :class:`~remat.graph.Graph`.
+
+AOTAutograd hands the partition function a functionalized ATen graph of the whole
+training step: placeholders ``primals_*`` (parameters, buffers, inputs) and
+``tangents_*`` (gradients of the outputs), then the ops, then one output node
+listing the forward outputs followed by the gradients of the primals.
+
+:func:`capture_joint` turns it into a Graph:
+
+* every op whose output owns storage becomes a node; ``getitem`` of a multi-output
+  op is an output value of that op;
+* views and other aliases (``t``, ``view``, ``detach``, ``expand``, ``split`` …) are
+  recognized by sharing storage with an input and folded into the value they alias;
+* the forward phase is every node the forward outputs depend on; the rest is backward;
+* sizes are exact storage bytes; random ops are flagged from ``Tag.nondeterministic_seeded``.
+
+The :class:`Capture` keeps the mapping back to FX nodes that :mod:`remat.lower` needs.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+from .graph import ACTIVATION, BACKWARD, FORWARD, Graph, GraphBuilder
+
+CostFn = Callable[[fx.Node], float]
+
+
+@dataclass
+class Capture:
+    """A Graph plus the FX nodes it was built from."""
+
+    joint: fx.GraphModule
+    graph: Graph
+    num_fwd_outputs: int
+    op_node: list[fx.Node]  # graph node id -> the FX op node
+    value_node: list[fx.Node]  # value id -> the FX node holding it (op, getitem or placeholder)
+    alias_base: dict[fx.Node, int]  # alias FX node -> id of the value it aliases
+    value_id: dict[fx.Node, int]  # FX node holding a value -> value id
+    primals: list[fx.Node]
+    tangents: list[fx.Node]
+    fwd_outputs: list  # FX nodes (or None) the forward returns, in order
+    bwd_outputs: list  # FX nodes (or None) the backward returns, in order
+    extra: dict = field(default_factory=dict)
+
+
+def _storage_key(val) -> int | None:
+    if not isinstance(val, torch.Tensor):
+        return None
+    try:
+        return val.untyped_storage()._cdata
+    except Exception:  # tensors without storage (e.g. some subclasses)
+        return None
+
+
+def _storage_bytes(val: torch.Tensor) -> int:
+    try:
+        return int(val.untyped_storage().nbytes())
+    except Exception:
+        return int(val.numel() * val.element_size())
+
+
+def _is_random(node: fx.Node) -> bool:
+    target = node.target
+    tags = getattr(target, "tags", ())
+    return torch.Tag.nondeterministic_seeded in tags
+
+
+def _module_path(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    path, _ = list(stack.values())[-1]
+    return str(path)
+
+
+def _op_name(node: fx.Node) -> str:
+    t = node.target
+    return str(t) if isinstance(t, torch._ops.OpOverload) else getattr(t, "__name__", str(t))
+
+
+BATCH_NORM_FUNCTIONAL = torch.ops.aten._native_batch_norm_legit_functional.default
+
+
+def is_batch_norm_with_stats(node: fx.Node) -> bool:
+    """A training-mode batch norm that also updates running statistics. Its normalized
+    output does not depend on the statistics, so a recomputation can skip them
+    (:mod:`remat.lower` replays it as ``_native_batch_norm_legit.no_stats``)."""
+    return node.target is BATCH_NORM_FUNCTIONAL and bool(node.args[5])
+
+
+def rng_state_bytes(device: torch.device) -> int:
+    """Bytes of the generator state a replay of a random op keeps."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_rng_state(device).numel())
+    return int(torch.get_rng_state().numel())
+
+
+def capture_joint(
+    joint: fx.GraphModule,
+    num_fwd_outputs: int,
+    *,
+    cost_fn: CostFn | None = None,
+    name: str = "graph",
+) -> Capture:
+    """Build the Graph of a joint graph; ``cost_fn(fx_node) -> seconds`` prices each op."""
+    fx_graph = joint.graph
+    (output_node,) = fx_graph.find_nodes(op="output")
+    outputs = list(output_node.args[0])
+    fwd_outputs, bwd_outputs = outputs[:num_fwd_outputs], outputs[num_fwd_outputs:]
+
+    # forward phase: everything the forward outputs depend on
+    forward: set[fx.Node] = set()
+    stack = [n for n in fwd_outputs if isinstance(n, fx.Node)]
+    while stack:
+        n = stack.pop()
+        if n in forward:
+            continue
+        forward.add(n)
+        stack.extend(n.all_input_nodes)
+
+    builder = GraphBuilder(name)
+    value_id: dict[fx.Node, int] = {}
+    value_node: list[fx.Node] = []
+    alias_base: dict[fx.Node, int] = {}
+    storage_owner: dict[int, int] = {}  # storage key -> value id
+    primals, tangents = [], []
+    devices: set[torch.device] = set()
+
+    def add_value(fx_node: fx.Node, vid: int):
+        value_id[fx_node] = vid
+        value_node.append(fx_node)
+        key = _storage_key(fx_node.meta.get("val"))
+        if key is not None:
+            storage_owner.setdefault(key, vid)
+
+    def meta_of(val) -> tuple:
+        return (tuple(int(s) for s in val.shape), str(val.dtype).replace("torch.", ""))
+
+    for n in fx_graph.find_nodes(op="placeholder"):
+        val = n.meta.get("val")
+        nbytes = _storage_bytes(val) if isinstance(val, torch.Tensor) else 0
+        shape, dtype = meta_of(val) if isinstance(val, torch.Tensor) else ((), "")
+        if str(n.target).startswith("tangents"):
+            tangents.append(n)
+            add_value(n, builder.tangent(n.name, nbytes, shape, dtype))
+        else:
+            primals.append(n)
+            add_value(n, builder.input(n.name, nbytes, shape, dtype))
+
+    def base_of(arg: fx.Node) -> int | None:
+        if arg in value_id:
+            return value_id[arg]
+        if arg in alias_base:
+            return alias_base[arg]
+        return None
+
+    def input_values(n: fx.Node) -> list[int]:
+        ids = []
+        for arg in n.all_input_nodes:
+            vid = base_of(arg)
+            if vid is not None:
+                ids.append(vid)
+        return ids
+
+    # FX nodes in the order Graph wants: forward ones first, then backward ones
+    ops = [n for n in fx_graph.nodes if n.op == "call_function"]
+    ordered = [n for n in ops if n in forward] + [n for n in ops if n not in forward]
+    op_node: list[fx.Node] = []
+    pending_getitems: dict[fx.Node, list[fx.Node]] = {}
+    for n in ops:
+        if n.target is operator.getitem and isinstance(n.args[0], fx.Node):
+            pending_getitems.setdefault(n.args[0], []).append(n)
+
+    for n in ordered:
+        if n.target is operator.getitem:
+            continue  # handled with its parent
+        val = n.meta.get("val")
+        phase = FORWARD if n in forward else BACKWARD
+        if isinstance(val, torch.Tensor):
+            devices.add(val.device)
+            key = _storage_key(val)
+            if key is not None and key in storage_owner:
+                alias_base[n] = storage_owner[key]  # a view: fold into its base
+                continue
+            holders = [n]
+        elif isinstance(val, (tuple, list)):
+            holders = []
+            for g in pending_getitems.get(n, []):
+                gval = g.meta.get("val")
+                if not isinstance(gval, torch.Tensor):
+                    continue
+                devices.add(gval.device)
+                key = _storage_key(gval)
+                if key is not None and key in storage_owner:
+                    alias_base[g] = storage_owner[key]  # e.g. split/unbind: views
+                elif g not in holders:
+                    holders.append(g)
+        else:
+            holders = []  # an op without tensor outputs
+
+        if not holders and isinstance(val, (tuple, list)) and all(
+            g in alias_base for g in pending_getitems.get(n, [])
+        ):
+            continue  # a multi-output view op (split, unbind): nothing to compute
+        out_bytes, names, metas = [], [], []
+        for h in holders:
+            hval = h.meta["val"]
+            out_bytes.append(_storage_bytes(hval))
+            names.append(h.name)
+            metas.append(meta_of(hval))
+        outs = builder.op(
+            n.name,
+            input_values(n),
+            out_bytes,
+            phase=phase,
+            cost=float(cost_fn(n)) if cost_fn else 1.0,
+            random=_is_random(n),
+            op=_op_name(n),
+            module=_module_path(n),
+            output_names=names,
+            output_meta=metas,
+        )
+        op_node.append(n)
+        for h, vid in zip(holders, outs):
+            add_value(h, vid)
+
+    def out_value(x) -> int | None:
+        return base_of(x) if isinstance(x, fx.Node) else None
+
+    # inputs the step mutates (BatchNorm running statistics …): AOTAutograd writes their new
+    # value back after the forward, so the backward must not read them again
+    descs = output_node.meta.get("desc") or []
+    mutated = set()
+    for desc in descs:
+        inp = getattr(desc, "mutated_input", None)
+        idx = getattr(inp, "idx", None)
+        if idx is not None and idx < len(primals):
+            mutated.add(value_id[primals[idx]])
+    no_backward_recompute = []
+    for nid, n in enumerate(op_node):
+        reads = set(builder.nodes[nid].inputs)
+        if reads & mutated and not is_batch_norm_with_stats(n):
+            no_backward_recompute.append(nid)
+
+    fwd_vals = [out_value(x) for x in fwd_outputs]
+    bwd_vals = [out_value(x) for x in bwd_outputs]
+    device = next(iter(devices)) if devices else torch.device("cpu")
+    graph = builder.build(
+        forward_outputs=[v for v in fwd_vals if v is not None],
+        backward_outputs=[v for v in bwd_vals if v is not None],
+        meta={
+            "rng_state_bytes": rng_state_bytes(device),
+            "device": str(device),
+            "mutated_inputs": sorted(mutated),
+            "no_backward_recompute": no_backward_recompute,
+        },
+    )
+    return Capture(
+        joint=joint,
+        graph=graph,
+        num_fwd_outputs=num_fwd_outputs,
+        op_node=op_node,
+        value_node=value_node,
+        alias_base=alias_base,
+        value_id=value_id,
+        primals=primals,
+        tangents=tangents,
+        fwd_outputs=fwd_outputs,
+        bwd_outputs=bwd_outputs,
+    )
+
+
+def activation_bytes(graph: Graph) -> int:
+    """Bytes of every value the step computes (not what is live at once)."""
+    return sum(v.bytes for v in graph.values if v.kind == ACTIVATION)

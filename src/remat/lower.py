@@ -1,0 +1,223 @@
+"""Plan → forward FX graph + backward FX graph, in AOTAutograd's calling convention.
+
+The lowering decides nothing: it replays the plan's instructions on copies of the
+joint graph's FX nodes.
+
+* ``compute(n)`` copies n's op node (and the ``getitem``s of a multi-output op) into the
+  graph of the current phase; a recomputation is just another copy. Views the op reads
+  are re-derived from the current copy of their base, so they cost nothing and never
+  keep an old copy alive.
+* ``free(v)`` forgets the current copy of v; FX's code generator (boxed convention, see
+  :func:`remat.runtime.boxed`) drops the tensor right after its last use, which is the
+  same point.
+* The forward returns ``forward outputs + saved values``; the backward takes
+  ``saved values + tangents`` and returns the gradients: exactly what the AOTAutograd
+  runtime expects from a partition function. Saved values are found on demand: the
+  first time the backward reads a value it did not compute, it becomes a placeholder.
+* A random op's first run is preceded by ``rng_state(device)``; every later run goes
+  through ``replay_random(state, ...)``, so it draws the same numbers.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from .capture import Capture, is_batch_norm_with_stats
+from .errors import InvalidPlanError
+from .plan import COMPUTE, FREE, Plan
+from .runtime import boxed, replay_random, rng_state
+
+
+BATCH_NORM_NO_STATS = torch.ops.aten._native_batch_norm_legit.no_stats
+
+
+class _Lowering:
+    def __init__(self, capture: Capture, plan: Plan):
+        if capture.graph.structural_hash != plan.graph.structural_hash:
+            raise InvalidPlanError("the plan was made for a different graph (structural hashes differ)")
+        self.cap = capture
+        self.plan = plan
+        self.fwd = fx.Graph()
+        self.bwd = fx.Graph()
+        self.computed: set[int] = set()  # nodes run at least once so far
+        self.fake_mode = None
+        for n in capture.joint.graph.nodes:
+            val = n.meta.get("val")
+            if isinstance(val, torch._subclasses.FakeTensor):
+                self.fake_mode = val.fake_mode
+                break
+
+    # ---------------------------------------------------------------- helpers
+    def _reset_phase(self, graph: fx.Graph):
+        self.graph = graph
+        self.current: dict[int, fx.Node] = {}  # value id -> node holding its current copy
+        self.alias_copies: dict[fx.Node, fx.Node] = {}  # joint alias node -> its copy
+        self.rng: dict[int, fx.Node] = {}  # graph node id -> its saved generator state
+
+    def _resolve(self, arg: fx.Node) -> fx.Node:
+        cap = self.cap
+        if arg in cap.value_id:
+            vid = cap.value_id[arg]
+            if vid not in self.current:
+                self.current[vid] = self._demand_saved(("value", vid))
+            return self.current[vid]
+        if arg in cap.alias_base:
+            copy = self.alias_copies.get(arg)
+            if copy is None:
+                copy = self.graph.node_copy(arg, self._resolve)
+                self.alias_copies[arg] = copy
+            return copy
+        raise InvalidPlanError(f"cannot lower a read of {arg.name}: it is neither a value nor an alias")
+
+    def _forget_aliases_of(self, vid: int):
+        stale = [a for a in self.alias_copies if self._alias_root(a) == vid]
+        for a in stale:
+            del self.alias_copies[a]
+
+    def _alias_root(self, alias: fx.Node) -> int:
+        return self.cap.alias_base[alias]
+
+    def _device(self, node: fx.Node) -> str:
+        val = node.meta.get("val")
+        if isinstance(val, (tuple, list)):
+            val = next((v for v in val if isinstance(v, torch.Tensor)), None)
+        return str(val.device) if isinstance(val, torch.Tensor) else "cpu"
+
+    def _fake_state(self, device: str):
+        n = int(self.plan.graph.meta.get("rng_state_bytes", 16))
+        if self.fake_mode is None:
+            return None
+        with self.fake_mode:
+            return torch.empty(n, dtype=torch.uint8)
+
+    # ---------------------------------------------------------------- saved values (backward side)
+    def _demand_saved(self, key) -> fx.Node:
+        if self.graph is not self.bwd:
+            raise InvalidPlanError(f"the forward reads {self._key_name(key)} before computing it")
+        if key in self.saved_placeholder:
+            return self.saved_placeholder[key]
+        if key[0] == "value":
+            vid = key[1]
+            if vid not in self.fwd_current:
+                raise InvalidPlanError(
+                    f"the backward reads {self.plan.graph.values[vid].name}, which is neither recomputed "
+                    "nor resident when the forward ends"
+                )
+            src = self.fwd_current[vid]
+        else:
+            src = self.fwd_rng[key[1]]
+        with self.bwd.inserting_before(self.first_tangent):
+            ph = self.bwd.placeholder(self._key_name(key))
+        ph.meta.update(src.meta)
+        self.saved_placeholder[key] = ph
+        self.saved_order.append((key, src))
+        return ph
+
+    def _key_name(self, key) -> str:
+        if key[0] == "value":
+            return self.plan.graph.values[key[1]].name
+        return f"rng_state_{self.plan.graph.nodes[key[1]].name}"
+
+    # ---------------------------------------------------------------- instructions
+    def _compute(self, nid: int):
+        cap, g = self.cap, self.graph
+        op = cap.op_node[nid]
+        node = self.plan.graph.nodes[nid]
+        stats_free = g is self.bwd and nid in self.computed and is_batch_norm_with_stats(op)
+        self.computed.add(nid)
+        if node.random:
+            new = self._compute_random(nid, op)
+        elif stats_free:  # same normalized output, running statistics left alone
+            x, w, b, _rm, _rv, training, momentum, eps = op.args
+            x, w, b = fx.map_arg((x, w, b), self._resolve)
+            new = g.call_function(BATCH_NORM_NO_STATS, (x, w, b, training, momentum, eps))
+            new.meta.update(op.meta)
+        else:
+            new = g.node_copy(op, self._resolve)
+        for vid in node.outputs:
+            holder = cap.value_node[vid]
+            if stats_free and holder.args[1] >= 3:
+                continue  # new running statistics: the forward's copy is the one that counts
+            if holder is op:
+                self.current[vid] = new
+            else:  # a getitem of a multi-output op
+                self.current[vid] = g.node_copy(holder, lambda _a: new)
+            self._forget_aliases_of(vid)
+
+    def _compute_random(self, nid: int, op: fx.Node) -> fx.Node:
+        g = self.graph
+        device = self._device(op)
+        state = self.rng.get(nid)
+        if state is None and self.graph is self.bwd and nid in self.fwd_rng:
+            state = self._demand_saved(("rng", nid))
+        if state is None:  # first run: remember the generator state, then run as usual
+            state = g.call_function(rng_state, (device,))
+            state.meta["val"] = self._fake_state(device)
+            self.rng[nid] = state
+            return g.node_copy(op, self._resolve)
+        args = fx.map_arg(op.args, self._resolve)
+        kwargs = fx.map_arg(op.kwargs, self._resolve)
+        new = g.call_function(replay_random, (state, device, op.target, *args), kwargs)
+        new.meta.update(op.meta)
+        return new
+
+    def _free(self, vid: int):
+        self.current.pop(vid, None)
+        self._forget_aliases_of(vid)
+
+    def _run(self, instructions):
+        for ins in instructions:
+            if ins.kind == COMPUTE:
+                self._compute(ins.target)
+            elif ins.kind == FREE:
+                self._free(ins.target)
+            else:
+                raise InvalidPlanError(f"lowering does not support {ins.kind} instructions yet")
+
+    # ---------------------------------------------------------------- driver
+    def lower(self) -> tuple[fx.GraphModule, fx.GraphModule]:
+        cap = self.cap
+        # forward: primals in, ops, (outputs added once the backward says what it needs)
+        self._reset_phase(self.fwd)
+        for p in cap.primals:
+            ph = self.fwd.node_copy(p)
+            self.current[cap.value_id[p]] = ph
+        self._run(self.plan.forward_instructions)
+        fwd_user_outputs = [self._resolve(x) if isinstance(x, fx.Node) else x for x in cap.fwd_outputs]
+        self.fwd_current, self.fwd_rng = dict(self.current), dict(self.rng)
+
+        # backward: saved values appear as placeholders on demand, then the tangents
+        self.saved_placeholder: dict = {}
+        self.saved_order: list = []
+        self._reset_phase(self.bwd)
+        tangent_nodes = [self.bwd.node_copy(t) for t in cap.tangents]
+        self.first_tangent = tangent_nodes[0] if tangent_nodes else None
+        for t, ph in zip(cap.tangents, tangent_nodes):
+            self.current[cap.value_id[t]] = ph
+        self._run(self.plan.backward_instructions)
+        grads = [self._resolve(x) if isinstance(x, fx.Node) else x for x in cap.bwd_outputs]
+        self.bwd.output(tuple(grads))
+
+        saved_sources = [src for _key, src in self.saved_order]
+        self.fwd.output(tuple(fwd_user_outputs + saved_sources))
+        fwd_gm = fx.GraphModule(cap.joint, self.fwd)
+        bwd_gm = fx.GraphModule(cap.joint, self.bwd)
+        fwd_gm.graph.lint()
+        bwd_gm.graph.lint()
+        return fwd_gm, bwd_gm
+
+
+def lower(capture: Capture, plan: Plan) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Forward and backward GraphModules that execute ``plan`` (not yet boxed)."""
+    return _Lowering(capture, plan).lower()
+
+
+def lower_boxed(capture: Capture, plan: Plan) -> tuple[fx.GraphModule, fx.GraphModule]:
+    fwd, bwd = lower(capture, plan)
+    return boxed(fwd), boxed(bwd)
+
+
+__all__ = ["lower", "lower_boxed", "operator"]

@@ -1,0 +1,65 @@
+"""From a Graph and a budget to a Plan: budget resolution, solver choice, clear failures.
+
+``solver="auto"`` runs every available solver and keeps the plan with the least
+predicted compute among those within the budget (ties: the smaller peak). A budget no
+plan meets raises :class:`~remat.errors.InfeasibleBudgetError` with the smallest
+budget any solver meets. Plans are cached in-process by (structural hash, costs,
+budget, solver, options).
+"""
+
+from __future__ import annotations
+
+import time
+
+from .budget import resolve_budget
+from .errors import InfeasibleBudgetError, SolverError
+from .graph import Graph
+from .plan import Plan
+from .solvers import SOLVERS, solve
+
+_CACHE: dict[tuple, Plan] = {}
+
+
+def _cache_key(graph: Graph, budget_bytes, solver, options) -> tuple:
+    costs = tuple(round(n.cost, 12) for n in graph.nodes)
+    return (graph.structural_hash, hash(costs), budget_bytes, solver, tuple(sorted(options.items())))
+
+
+def auto_candidates() -> list[str]:
+    return sorted(SOLVERS)
+
+
+def make_plan(graph: Graph, budget=None, solver: str = "auto", *, time_limit: float | None = None, **options) -> Plan:
+    """The plan ``solver`` makes for ``graph`` under ``budget`` (see :mod:`remat.budget`)."""
+    start = time.perf_counter()
+    store_all = solve("store_all", graph, None)
+    budget_bytes = resolve_budget(budget, store_all.peak_bytes)
+    key = _cache_key(graph, budget_bytes, solver, options)
+    if key in _CACHE:
+        return _CACHE[key]
+    if solver == "auto":
+        names = auto_candidates()
+    elif solver in SOLVERS:
+        names = [solver]
+    else:
+        raise SolverError(f"unknown solver {solver!r}; choose 'auto' or one of {', '.join(sorted(SOLVERS))}")
+    plans = [store_all if n == "store_all" else solve(n, graph, budget_bytes, time_limit=time_limit, **options) for n in names]
+    fitting = [p for p in plans if budget_bytes is None or p.peak_bytes <= budget_bytes]
+    if not fitting:
+        smallest = _smallest_feasible(graph, plans)
+        detail = ", ".join(f"{p.solver} reaches {p.peak_bytes}" for p in plans)
+        raise InfeasibleBudgetError(budget_bytes, smallest.peak_bytes, f"{detail}; best is {smallest.solver}")
+    best = min(fitting, key=lambda p: (p.compute_seconds, p.peak_bytes))
+    best.budget_bytes = budget_bytes
+    if solver == "auto":
+        best.info["chosen by"] = f"auto among {', '.join(names)}"
+        best.solve_seconds = time.perf_counter() - start
+    _CACHE[key] = best
+    return best
+
+
+def _smallest_feasible(graph: Graph, plans: list[Plan]) -> Plan:
+    """The plan with the smallest peak among ``plans`` and every other solver."""
+    tried = {p.solver for p in plans}
+    others = [solve(n, graph, None) for n in SOLVERS if n not in tried]
+    return min(plans + others, key=lambda p: p.peak_bytes)
