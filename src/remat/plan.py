@@ -17,7 +17,7 @@ Memory model of :func:`simulate` (bytes counted against the budget):
 * inputs (parameters, buffers, user inputs) are resident throughout and not counted;
 * at ``compute(n)`` the peak candidate is ``resident + bytes(outputs of n) + workspace(n)``:
   an op's inputs and outputs are alive together;
-* at the boundary autograd hands in the tangents, which stay until the step ends;
+* at the boundary autograd hands in the tangents; like activations, they go at their last use;
 * forward outputs belong to the user from the boundary on: they stay counted until the end
   even after the plan stops using them; backward outputs (gradients) must be resident at the end;
 * a node reading an input that the step mutates (``graph.meta['no_backward_recompute']``)
@@ -61,7 +61,7 @@ class Simulation:
     compute_seconds: float
     timeline: tuple[int, ...]  # counted bytes after each instruction
     peak_index: int  # the instruction at which the peak is reached
-    saved: tuple[int, ...]  # activation values resident at the boundary (what the forward saves)
+    saved: tuple[int, ...]  # activations resident at the boundary besides the forward outputs
     computes: int  # number of compute instructions
 
 
@@ -100,7 +100,8 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
                 raise InvalidPlanError(
                     f"forward output {values[v].name} is not resident when the forward ends (instruction {boundary})"
                 )
-        saved = tuple(sorted(v for v in resident if values[v].kind == ACTIVATION))
+        outputs = set(graph.forward_outputs)
+        saved = tuple(sorted(v for v in resident if values[v].kind == ACTIVATION and v not in outputs))
         pinned.update(v for v in graph.forward_outputs if values[v].kind == ACTIVATION)
         for t in graph.tangents:
             resident.add(t)
@@ -154,6 +155,8 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
                 raise InvalidPlanError(f"instruction {i}: no value with id {v}")
             if values[v].kind == INPUT:
                 fail(i, "inputs are never freed")
+            if values[v].kind == TANGENT and not in_backward:
+                fail(i, "tangents exist only in the backward")
             if v not in resident:
                 fail(i, "the value is not resident")
             if v in pinned:
@@ -214,9 +217,12 @@ class Plan:
         for pos, nid in enumerate(sequence):
             if pos == boundary_pos:
                 live_at_boundary = {(v, p) for v, p in current.items()}
+                for t in graph.tangents:  # autograd hands them in; dropped after their last use
+                    current[t] = pos
+                    last_use[(t, pos)] = pos
             node = nodes[nid]
             for v in node.inputs:
-                if values[v].kind == ACTIVATION and v in current:
+                if values[v].kind in (ACTIVATION, TANGENT) and v in current:
                     last_use[(v, current[v])] = pos
             for v in node.outputs:
                 current[v] = pos

@@ -1,0 +1,393 @@
+"""Measured peak memory and wall time of one training step.
+
+This is what a :class:`~remat.plan.Plan`'s simulated peak is held against. The quantity
+measured is the one remat budgets (see DESIGN.md, "Budget"): the **peak growth of memory
+during one step over what was live when the step began**. Parameters, buffers, inputs and
+anything else already alive at the start are outside it; activations, temporaries and the
+gradients the step produces are inside it.
+
+Method
+------
+CUDA (and other accelerators with a PyTorch caching allocator)
+    Synchronize, read ``memory_allocated(dev)`` as the start, ``reset_peak_memory_stats(dev)``
+    (which sets the peak to the current value), run, synchronize, and report
+    ``max_memory_allocated(dev) - start``. This counts bytes held by live tensors (block sizes
+    as the caching allocator rounds them), not the allocator's reserved pool, and is exact.
+
+CPU (Linux with glibc only)
+    There is no tensor-level counter, so the process's resident set size is used, read from
+    ``/proc/self/status``. Three things make it faithful:
+
+    1. :func:`enable_cpu_memory_tracking` calls ``mallopt(M_MMAP_THRESHOLD, 65536)``, so every
+       block of 64 KiB or more gets its own ``mmap`` and is ``munmap``-ed -- returned to the
+       OS, and dropped from RSS -- as soon as it is freed. Without it glibc keeps freed blocks
+       in its heap: the memory stays resident, is reused silently, and the measured "growth" is
+       meaningless.
+    2. Just before the step, ``gc.collect()`` and ``malloc_trim(0)`` hand free heap pages back
+       to the OS, so that small (< 64 KiB) allocations made by the step have to fault in fresh
+       pages and are counted, whatever ran before. (Without the trim they silently reuse pages
+       freed by earlier steps and are not counted at all; with it, small blocks that the step
+       frees again before its peak may stay resident and be counted at the peak too. The error
+       therefore leans towards over-estimating, by at most the step's small-block churn.)
+    3. Writing ``5`` to ``/proc/self/clear_refs`` resets the kernel's high-water mark
+       ``VmHWM`` to the current RSS. The kernel updates the mark every time memory is
+       unmapped, so after the step ``VmHWM`` is the highest RSS reached during it, and
+       ``VmHWM - VmRSS(start)`` is the peak growth.
+
+    Limits: RSS counts everything in the process (allocator headers, C++ autograd nodes,
+    Python objects, code pages touched for the first time, thread stacks and per-thread
+    buffers of BLAS/OpenMP pools), so run the step at least once beforehand (``warmup``) and
+    use tensors of tens of MiB or more. The kernel records the high-water mark from its
+    approximate per-CPU RSS counters, so the peak can read low by up to the pages not yet
+    folded in (at most a batch of 32 or more pages per CPU): 0.05-0.2 MiB on a 2-core VM,
+    possibly a few MiB on a machine with many cores.
+    Call :func:`enable_cpu_memory_tracking` as early as possible -- ideally before the model
+    is built -- since blocks already sitting in glibc's heap when it is called are not moved.
+    Memory of other processes (e.g. DataLoader workers) is not seen.
+
+Timing is ``time.perf_counter`` around the step only; all the bookkeeping above (garbage
+collection, trimming, ``/proc`` reads, device synchronization before the step) happens outside
+the timed interval.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+__all__ = [
+    "StepMeasurement",
+    "enable_cpu_memory_tracking",
+    "measure_step",
+    "peak_memory_growth",
+]
+
+#: glibc ``mallopt`` parameter number (``<malloc.h>``).
+_M_MMAP_THRESHOLD = -3
+
+#: Blocks at least this large are served by their own ``mmap`` once CPU tracking is enabled.
+MMAP_THRESHOLD_BYTES = 65536
+
+_PROC_STATUS = "/proc/self/status"
+_PROC_CLEAR_REFS = "/proc/self/clear_refs"
+
+_lock = threading.Lock()
+_libc: ctypes.CDLL | None = None  # set once CPU tracking is enabled
+
+
+# --------------------------------------------------------------------------------------------
+# Result type
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepMeasurement:
+    """Measured cost of one training step, as returned by :func:`measure_step`.
+
+    Attributes:
+        peak_bytes: peak growth of memory during one step over what was live when the step
+            began, in bytes; the largest over the timed runs (see :func:`measure_step`).
+        seconds: median wall time of one step, in seconds.
+        samples: the wall time of every timed run, in seconds, in the order they ran.
+        device: the device measured, ``"cpu"`` or ``"cuda:0"`` (type and index).
+        peak_samples: the peak growth of every timed run, in bytes, in the order they ran.
+    """
+
+    peak_bytes: int
+    seconds: float
+    samples: tuple[float, ...]
+    device: str
+    peak_samples: tuple[int, ...] = ()
+
+    def summary(self) -> str:
+        """One line for humans.
+
+        E.g. ``"peak 84.0 MiB, 0.452 s/step (median of 3, 0.44-0.47 s) on cpu"``.
+        """
+        n = len(self.samples)
+        if n > 1:
+            spread = f"median of {n}, {min(self.samples):.3g}-{max(self.samples):.3g} s"
+        else:
+            spread = f"{n} run"
+        return (
+            f"peak {_format_bytes(self.peak_bytes)}, {self.seconds:.3g} s/step "
+            f"({spread}) on {self.device}"
+        )
+
+
+def _format_bytes(n: int) -> str:
+    sign = "-" if n < 0 else ""
+    value = float(abs(n))
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024.0 or unit == "GiB":
+            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
+        value /= 1024.0
+    raise AssertionError("unreachable")
+
+
+# --------------------------------------------------------------------------------------------
+# CPU: glibc + /proc
+# --------------------------------------------------------------------------------------------
+
+
+def enable_cpu_memory_tracking() -> None:
+    """Make the process's RSS follow the bytes it has allocated; idempotent.
+
+    Calls glibc's ``mallopt(M_MMAP_THRESHOLD, 65536)`` through :mod:`ctypes`, so that every
+    block of 64 KiB or more is served by its own ``mmap`` and returned to the OS when freed
+    (the same as starting Python with ``MALLOC_MMAP_THRESHOLD_=65536``). The setting is
+    process-wide and stays for the life of the process; it also turns off glibc's dynamic
+    adjustment of the threshold. It costs some speed on the CPU: large blocks are no longer
+    recycled inside the heap, so each step faults in (and the kernel zeroes) its big
+    buffers afresh.
+
+    ``M_TRIM_THRESHOLD`` is deliberately left at its default (128 KiB): freed small blocks
+    are pinned below the top of the heap by live neighbours far more often than they sit at
+    its top, so lowering it made no measurable difference (checked on torch 2.13 CPU);
+    :func:`peak_memory_growth` calls ``malloc_trim(0)`` before each measurement instead.
+
+    Also checks that the high-water mark can be reset (``/proc/self/clear_refs``, Linux 4.0+).
+    Call this as early as possible, ideally before the model is built: blocks already in the
+    heap when it is called stay there.
+
+    Raises:
+        RuntimeError: not Linux (no ``/proc/self/status``), C library not glibc, ``mallopt``
+            refused, or ``/proc/self/clear_refs`` not writable (some sandboxes, e.g. gVisor).
+    """
+    global _libc
+    with _lock:
+        if _libc is not None:
+            return
+        if not sys.platform.startswith("linux") or not os.path.exists(_PROC_STATUS):
+            raise RuntimeError(
+                "CPU memory measurement needs Linux: it reads VmRSS/VmHWM from "
+                f"{_PROC_STATUS}, which does not exist here (platform {sys.platform!r}). "
+                "Measure on a CUDA device instead, or on a Linux machine."
+            )
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.gnu_get_libc_version  # only glibc has it  # noqa: B018
+            mallopt = libc.mallopt
+            libc.malloc_trim  # noqa: B018
+        except (OSError, AttributeError) as exc:
+            raise RuntimeError(
+                "CPU memory measurement needs glibc (it calls mallopt and malloc_trim); "
+                "this process's C library is not glibc (musl-based images such as Alpine "
+                "are not supported)."
+            ) from exc
+        mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        mallopt.restype = ctypes.c_int
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        libc.malloc_trim.restype = ctypes.c_int
+        if mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) != 1:
+            raise RuntimeError(
+                f"glibc mallopt(M_MMAP_THRESHOLD, {MMAP_THRESHOLD_BYTES}) failed; "
+                "CPU memory cannot be measured."
+            )
+        try:
+            _reset_high_water_mark()
+        except OSError as exc:
+            raise RuntimeError(
+                f"cannot reset the RSS high-water mark: writing '5' to {_PROC_CLEAR_REFS} "
+                f"failed ({exc}). It needs Linux 4.0 or later and a kernel that is not "
+                "emulated (gVisor, WSL1 and some sandboxes do not support it)."
+            ) from exc
+        _libc = libc
+
+
+def _read_rss_and_hwm() -> tuple[int, int]:
+    """``(VmRSS, VmHWM)`` of this process, in bytes."""
+    rss = hwm = None
+    with open(_PROC_STATUS, encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) * 1024  # the kernel reports kB (KiB)
+            elif line.startswith("VmHWM:"):
+                hwm = int(line.split()[1]) * 1024
+    if rss is None or hwm is None:
+        raise RuntimeError(f"{_PROC_STATUS} has no VmRSS/VmHWM lines")
+    return rss, hwm
+
+
+def _reset_high_water_mark() -> None:
+    with open(_PROC_CLEAR_REFS, "w", encoding="ascii") as f:
+        f.write("5")
+
+
+# --------------------------------------------------------------------------------------------
+# Devices
+# --------------------------------------------------------------------------------------------
+
+
+def _resolve_device(device: torch.device | str | int | None) -> torch.device:
+    """A concrete device: ``None`` means the CPU; an accelerator gets its current index."""
+    if device is None:
+        return torch.device("cpu")
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"cannot measure on {dev}: CUDA is not available")
+        return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
+    accel = torch.accelerator.current_accelerator(check_available=True)
+    if accel is None or accel.type != dev.type:
+        raise ValueError(
+            f"cannot measure memory on device {dev}: supported are 'cpu', 'cuda' and the "
+            f"current accelerator ({accel.type if accel is not None else 'none available'})"
+        )
+    if dev.index is None:
+        dev = torch.device(dev.type, torch.accelerator.current_device_index())
+    return dev
+
+
+def _synchronize(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    elif dev.type != "cpu":
+        torch.accelerator.synchronize(dev)
+
+
+def _measure_once(fn: Callable[[], Any], dev: torch.device) -> tuple[int, float, Any]:
+    """Run ``fn`` once; return (peak growth in bytes, seconds of ``fn`` alone, its result)."""
+    if dev.type == "cpu":
+        enable_cpu_memory_tracking()
+        assert _libc is not None
+        gc.collect()
+        _libc.malloc_trim(0)
+        start, _ = _read_rss_and_hwm()
+        _reset_high_water_mark()
+        t0 = time.perf_counter()
+        result = fn()
+        seconds = time.perf_counter() - t0
+        _, hwm = _read_rss_and_hwm()
+        # VmHWM is never below the RSS at the reset; a reading below `start` is counter noise.
+        return max(hwm - start, 0), seconds, result
+
+    mem = torch.cuda if dev.type == "cuda" else torch.accelerator
+    gc.collect()
+    _synchronize(dev)
+    start = mem.memory_allocated(dev)
+    mem.reset_peak_memory_stats(dev)  # peak := current allocation
+    t0 = time.perf_counter()
+    result = fn()
+    _synchronize(dev)
+    seconds = time.perf_counter() - t0
+    return max(mem.max_memory_allocated(dev) - start, 0), seconds, result
+
+
+# --------------------------------------------------------------------------------------------
+# Public entry points
+# --------------------------------------------------------------------------------------------
+
+
+def peak_memory_growth(
+    fn: Callable[[], Any], device: torch.device | str = "cpu"
+) -> tuple[int, Any]:
+    """Run ``fn()`` once and return ``(peak growth in bytes, fn's result)``.
+
+    The peak growth is the highest memory in use while ``fn`` ran, minus what was in use
+    just before it started (after a ``gc.collect()``); it is never negative.
+
+    * ``device`` of type ``cuda`` (or the current accelerator): synchronize, read
+      ``memory_allocated(device)``, ``reset_peak_memory_stats(device)``, run, synchronize,
+      then ``max_memory_allocated(device)`` minus the start. Only that device's tensor memory
+      is counted.
+    * ``"cpu"``: :func:`enable_cpu_memory_tracking`, ``gc.collect()``, ``malloc_trim(0)``,
+      read ``VmRSS``, reset ``VmHWM`` through ``/proc/self/clear_refs``, run, and return
+      ``VmHWM`` minus that ``VmRSS``. This is the whole process's resident memory, so run
+      ``fn`` once before measuring it if it has first-call costs (lazy initialization,
+      thread pools, code paged in), and expect it to read ~0.1 MiB low (kernel counter
+      lag). See the module docstring.
+
+    The result of ``fn`` is still alive when the peak is read, so it is part of the peak.
+    """
+    peak, _, result = _measure_once(fn, _resolve_device(device))
+    return peak, result
+
+
+def measure_step(
+    step: Callable[[], Any],
+    *,
+    device: torch.device | str | None = None,
+    warmup: int = 1,
+    repeats: int = 3,
+    setup: Callable[[], Any] | None = None,
+) -> StepMeasurement:
+    """Measure the peak memory growth and the wall time of one training step.
+
+    ``step`` is run ``warmup`` times untimed (``torch.compile`` compilation, allocator and
+    thread-pool warm-up, lazy initialization, first-touch of code pages), then ``repeats``
+    times timed. Each timed run is bracketed exactly as in :func:`peak_memory_growth` and the
+    timer (``time.perf_counter``, with a device synchronization before the run and inside the
+    timed interval after it) covers the step alone, not the bookkeeping.
+
+    Memory and time come from **the same timed runs**, and ``peak_bytes`` is the **largest**
+    of their peaks: the bookkeeping is outside the timed interval, so neither measurement
+    disturbs the other and a separate memory run would only add time; every run gives an
+    independent reading of the peak, and the largest is the safe one to hold against a
+    budget (on the CPU it also absorbs the kernel's RSS counter noise). All readings are in
+    ``peak_samples``; ``seconds`` is the median of ``samples``.
+
+    The step must be repeatable with no state growing across calls, and must **start from
+    ``.grad`` set to ``None``** on every parameter (that is what the budget means: the
+    gradients the step produces count, gradients left over from a previous step do not).
+    Do not set gradients to ``None`` inside ``step`` -- memory freed during the step is
+    subtracted from the growth -- pass ``setup=lambda: model.zero_grad(set_to_none=True)``
+    instead: ``setup`` runs before every run (warm-up and timed), outside both the timed
+    interval and the memory measurement. The step's return value is dropped before the next
+    run. On the CPU, timings include the page faults that the tracking allocator policy
+    causes (see :func:`enable_cpu_memory_tracking`), so they are somewhat pessimistic.
+
+    Args:
+        step: the training step, e.g. ``lambda: model(x).sum().backward()``.
+        device: where the step's memory lives; ``None`` means ``"cpu"``. ``"cuda"`` means the
+            current CUDA device.
+        warmup: untimed runs before measuring (>= 0).
+        repeats: timed runs (>= 1).
+        setup: called before every run, outside the measurement.
+
+    Returns:
+        A :class:`StepMeasurement`.
+    """
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    dev = _resolve_device(device)
+    if dev.type == "cpu":
+        # Before the warm-up: blocks it allocates and frees must not linger in glibc's heap.
+        enable_cpu_memory_tracking()
+
+    for _ in range(warmup):
+        if setup is not None:
+            setup()
+        step()
+        _synchronize(dev)
+
+    samples: list[float] = []
+    peaks: list[int] = []
+    for _ in range(repeats):
+        if setup is not None:
+            setup()
+        peak, seconds, result = _measure_once(step, dev)
+        del result
+        samples.append(seconds)
+        peaks.append(peak)
+
+    return StepMeasurement(
+        peak_bytes=max(peaks),
+        seconds=statistics.median(samples),
+        samples=tuple(samples),
+        device=str(dev),
+        peak_samples=tuple(peaks),
+    )

@@ -1,0 +1,118 @@
+"""The simulator and Plan on hand-built graphs, where every number can be checked by hand."""
+
+import pytest
+
+from remat.errors import InvalidPlanError
+from remat.graph import BACKWARD, GraphBuilder
+from remat.plan import COMPUTE, FREE, Instruction, Plan, simulate
+from remat.solvers import solve
+
+
+def chain(n=4, size=100):
+    """x -> f1 -> ... -> fn (forward), then b_n ... b_1 (backward), grads of n 'weights'."""
+    b = GraphBuilder("chain")
+    x = b.input("x", 1000)
+    t = b.tangent("t", 1)
+    acts = [x]
+    for i in range(1, n + 1):
+        (a,) = b.op(f"f{i}", [acts[-1]], [size], cost=1.0)
+        acts.append(a)
+    (loss,) = b.op("loss", [acts[-1]], [1], cost=1.0)
+    grad = t
+    grads = []
+    for i in range(n, 0, -1):
+        (g_in, g_w) = b.op(f"b{i}", [grad, acts[i], acts[i - 1]], [size, 10], phase=BACKWARD, cost=2.0)
+        grad = g_in
+        grads.append(g_w)
+    return b.build(forward_outputs=[loss], backward_outputs=grads)
+
+
+def test_store_all_peak_by_hand():
+    g = chain(n=3, size=100)
+    plan = solve("store_all", g, None)
+    # forward keeps a1..a3 (300) + loss (1); the tangent (1) arrives at the boundary.
+    # b3: 302 resident + its outputs 110 = 412; then a3 and the tangent are freed, b2 runs with
+    # a1, a2 (200) + b3's g_in (100) + g_w3 (10) + loss (1) + its outputs 110 = 421
+    assert plan.peak_bytes == 421
+    assert plan.compute_seconds == pytest.approx(4 * 1.0 + 3 * 2.0)
+    assert plan.overhead == pytest.approx(0.0)
+    assert [g.values[v].name for v in plan.saved_values] == ["f1", "f2", "f3"]
+
+
+def test_checkpoint_all_lowers_peak_and_costs_more():
+    g = chain(n=6, size=100)
+    store = solve("store_all", g, None)
+    ckpt = solve("checkpoint_all", g, None)
+    assert ckpt.peak_bytes < store.peak_bytes
+    assert ckpt.compute_seconds > store.compute_seconds
+    assert ckpt.recomputations > 0
+
+
+def test_chen_sqrt_between_extremes():
+    g = chain(n=16, size=100)
+    store, chen, ckpt = (solve(s, g, None) for s in ("store_all", "chen_sqrt", "checkpoint_all"))
+    assert ckpt.peak_bytes <= chen.peak_bytes < store.peak_bytes
+    assert store.compute_seconds < chen.compute_seconds < ckpt.compute_seconds
+
+
+def test_invalid_plans_name_the_instruction():
+    g = chain(n=2)
+    f1, f2 = 0, 1
+    with pytest.raises(InvalidPlanError, match=r"instruction 0 compute\(f2\): input f1 is not resident"):
+        simulate(g, [Instruction(COMPUTE, f2)], 1)
+    with pytest.raises(InvalidPlanError, match=r"free\(f1\): the value is not resident"):
+        a1 = g.nodes[f1].outputs[0]
+        simulate(g, [Instruction(COMPUTE, f1), Instruction(FREE, a1), Instruction(FREE, a1)], 3)
+    with pytest.raises(InvalidPlanError, match="backward node cannot run before the forward ends"):
+        simulate(g, [Instruction(COMPUTE, f1), Instruction(COMPUTE, f2), Instruction(COMPUTE, 3)], 3)
+    with pytest.raises(InvalidPlanError, match="forward output loss is not resident"):
+        simulate(g, [Instruction(COMPUTE, f1)], 1)
+
+
+def test_lost_gradient_is_invalid():
+    g = chain(n=2)
+    plan = solve("store_all", g, None)
+    ins = list(plan.instructions)
+    grad = g.backward_outputs[0]
+    with pytest.raises(InvalidPlanError, match="backward output .* is not resident"):
+        Plan(g, tuple(ins) + (Instruction(FREE, grad),), plan.boundary)
+
+
+def test_from_schedule_frees_at_last_use():
+    g = chain(n=3)
+    plan = solve("store_all", g, None)
+    frees = [ins.target for ins in plan.instructions if ins.kind == FREE]
+    # every activation but the forward output and the gradients is freed exactly once, and the tangent
+    acts = [v.id for v in g.values if v.kind in ("activation", "tangent")]
+    expected = set(acts) - set(g.forward_outputs) - set(g.backward_outputs)
+    assert sorted(frees) == sorted(expected)
+
+
+def test_recomputed_random_node_keeps_generator_state():
+    b = GraphBuilder("rand")
+    x = b.input("x", 10)
+    t = b.tangent("t", 1)
+    (r,) = b.op("dropout", [x], [100], random=True)
+    (y,) = b.op("y", [r], [1])
+    (g1,) = b.op("gy", [t, r], [5], phase=BACKWARD)
+    g = b.build(forward_outputs=[y], backward_outputs=[g1], meta={"rng_state_bytes": 7})
+    once = Plan.from_schedule(g, [0, 1], [2])
+    twice = Plan.from_schedule(g, [0, 1], [0, 2])
+    # once:  dropout 100, y 101, tangent 102, gy 107
+    # twice: dropout 100 + state 7, y 108, free r 8, tangent 9, replay 109 (state dropped after), gy 107
+    assert once.saved_bytes == 100 and twice.saved_bytes == 0
+    assert once.peak_bytes == 107 and twice.peak_bytes == 109
+
+
+def test_plan_save_load_roundtrip(tmp_path):
+    g = chain(n=5)
+    plan = solve("chen_sqrt", g, 10_000)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    loaded = Plan.load(path)
+    assert loaded.peak_bytes == plan.peak_bytes
+    assert loaded.compute_seconds == plan.compute_seconds
+    assert loaded.instructions == plan.instructions
+    assert loaded.graph.structural_hash == g.structural_hash
+    assert loaded.solver == "chen_sqrt" and loaded.budget_bytes == 10_000
+    assert "chen_sqrt" in loaded.summary()
