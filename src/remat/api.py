@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
+import types
 from typing import Any
 
 import torch
@@ -42,8 +44,28 @@ def _unwrap_compile_error(err: BaseException) -> BaseException:
     return err
 
 
+_entry_count = itertools.count()
+
+
+def _entry_point(model: nn.Module):
+    """A function calling ``model`` whose code object is new.
+
+    Dynamo keeps compiled graphs on the code object of the function it compiles and
+    allows only a few per code object (``recompile_limit``, 8); past that, with
+    ``fullgraph=True``, it fails. Planning the same model class many times (several
+    budgets, several solvers) would hit that limit through ``Module.forward``'s one code
+    object, so each RematModule is given an entry point of its own.
+    """
+
+    def remat_step(*args, **kwargs):
+        return model(*args, **kwargs)
+
+    code = remat_step.__code__.replace(co_name=f"remat_step_{next(_entry_count)}")
+    return types.FunctionType(code, remat_step.__globals__, code.co_name, None, remat_step.__closure__)
+
+
 def _compile(model: nn.Module, options: dict):
-    return torch.compile(model, backend=remat_backend, options=options, fullgraph=True, dynamic=False)
+    return torch.compile(_entry_point(model), backend=remat_backend, options=options, fullgraph=True, dynamic=False)
 
 
 @contextlib.contextmanager

@@ -207,7 +207,11 @@ def capture_joint(
         if not holders and isinstance(val, (tuple, list)) and all(
             g in alias_base for g in pending_getitems.get(n, [])
         ):
-            continue  # a multi-output view op (split, unbind): nothing to compute
+            # a multi-output view op (split, unbind): nothing to compute, an alias of its input
+            bases = [base_of(a) for a in n.all_input_nodes if base_of(a) is not None]
+            if bases:
+                alias_base[n] = bases[0]
+            continue
         out_bytes, names, metas = [], [], []
         for h in holders:
             hval = h.meta["val"]
