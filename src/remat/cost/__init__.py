@@ -1,0 +1,30 @@
+"""Cost models: how many seconds each node of a Graph takes.
+
+* ``"flops"`` (default) — analytic roofline: FLOPs and bytes moved against the
+  machine's measured peak rate and bandwidth (:mod:`remat.cost.flops`).
+* ``"unit"`` — every op costs 1 (for tests and for comparing with papers that used it).
+* a callable ``fx_node -> seconds``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+from ..errors import RematError
+
+
+def make_cost_fn(cost_model, device: torch.device | str = "cpu") -> Callable[[fx.Node], float]:
+    if callable(cost_model):
+        return cost_model
+    if cost_model == "unit":
+        return lambda node: 1.0
+    if cost_model == "flops":
+        from .flops import FlopsCostModel
+
+        return FlopsCostModel(device=device).node_seconds
+    if cost_model == "profile":
+        raise RematError("cost_model='profile' is not implemented yet; use 'flops' (the default) or 'unit'")
+    raise RematError(f"unknown cost_model {cost_model!r}; use 'flops', 'unit' or a callable fx_node -> seconds")
