@@ -81,23 +81,6 @@ def test_cpu_high_water_mark_resets_after_a_larger_freed_allocation():
     del kept
 
 
-def test_cpu_small_allocations_are_counted_whatever_ran_before():
-    # 2000 live 16 KiB blocks (below the 64 KiB mmap threshold, so served by glibc's heap).
-    # malloc_trim before each measurement returns the pages freed by the previous run, so the
-    # second reading sees the allocations again instead of silently reusing resident pages.
-    n, size = 2000, 16 * 1024
-
-    def many_small():
-        blocks = [torch.empty(size // F32).fill_(1.0) for _ in range(n)]
-        return len(blocks)
-
-    data = n * size  # 31.25 MiB, plus ~0.4 KiB of headers and Tensor objects per block
-    readings = [peak_memory_growth(many_small)[0] for _ in range(3)]
-    for peak in readings:
-        assert data <= peak <= data + 2 * MiB, [r / MiB for r in readings]
-    assert max(readings) - min(readings) <= 1 * MiB, [r / MiB for r in readings]
-
-
 def test_peak_is_never_negative_when_fn_frees_memory():
     held = [torch.empty(16 * MiB // F32).fill_(1.0)]
     peak, _ = peak_memory_growth(lambda: held.clear())
@@ -148,9 +131,12 @@ def test_measure_step_returns_sane_measurement():
 
     m = measure_step(step, warmup=2, repeats=5, setup=lambda: setups.append(1))
     assert isinstance(m, StepMeasurement)
-    assert len(calls) == 7 and len(setups) == 7
+    # 2 warm-up + 5 timed + 2 untimed memory runs (allocator method)
+    assert len(calls) == 9 and len(setups) == 9
     assert m.device == "cpu"
-    assert len(m.samples) == 5 and len(m.peak_samples) == 5
+    assert len(m.samples) == 5 and len(m.peak_samples) == 2
+    rss = measure_step(step, warmup=0, repeats=3, cpu_method="rss")
+    assert len(rss.samples) == 3 and len(rss.peak_samples) == 3
     assert all(s > 0 for s in m.samples)
     assert m.seconds > 0 and m.seconds == statistics.median(m.samples)
     assert m.peak_bytes == max(m.peak_samples) >= 0
@@ -249,3 +235,20 @@ def test_cuda_mlp_step_peak_matches_hand_count():
     assert m.device == f"cuda:{torch.cuda.current_device()}"
     assert len(m.samples) == 3 and all(s > 0 for s in m.samples)
     assert abs(m.peak_bytes - STEP_PEAK) <= 0.05 * STEP_PEAK
+
+
+def test_allocator_method_counts_tensors_exactly():
+    def two_live_then_one():
+        a = torch.empty(8 * MiB // F32).fill_(1.0)
+        b = torch.empty(4 * MiB // F32).fill_(1.0)
+        del a
+        c = torch.empty(2 * MiB // F32).fill_(1.0)
+        return b, c
+
+    peak, _ = peak_memory_growth(two_live_then_one)
+    assert peak == 12 * MiB
+
+
+def test_allocator_method_rejects_unknown_method():
+    with pytest.raises(ValueError, match="cpu_method"):
+        peak_memory_growth(lambda: None, cpu_method="magic")

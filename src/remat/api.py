@@ -139,6 +139,7 @@ def optimize(
     budget=None,
     solver: str = "auto",
     cost_model: Any = "flops",
+    workspace: str = "measure",
     time_limit: float | None = None,
     solver_options: dict | None = None,
     **example_kwargs,
@@ -151,8 +152,8 @@ def optimize(
     :class:`~remat.errors.InfeasibleBudgetError` when no plan fits and
     :class:`~remat.errors.CaptureError` when the forward cannot be captured as one graph.
     """
-    options = dict(budget=budget, solver=solver, cost_model=cost_model, time_limit=time_limit,
-                   solver_options=solver_options or {})
+    options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
+                   time_limit=time_limit, solver_options=solver_options or {})
     wrapped = RematModule(model, options)
     with _no_lasting_effects(model), torch.enable_grad():
         wrapped(*example_args, **example_kwargs)
@@ -165,20 +166,21 @@ def plan(
     budget=None,
     solver: str = "auto",
     cost_model: Any = "flops",
+    workspace: str = "measure",
     time_limit: float | None = None,
     solver_options: dict | None = None,
     **example_kwargs,
 ) -> Plan:
     """Capture and plan ``model``'s training step without running it."""
     plan, _capture = capture_and_plan(
-        model, *example_args, budget=budget, solver=solver, cost_model=cost_model,
+        model, *example_args, budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
         time_limit=time_limit, solver_options=solver_options, **example_kwargs,
     )
     return plan
 
 
-def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_model="flops", time_limit=None,
-                     solver_options=None, **example_kwargs) -> tuple[Plan, Capture]:
+def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_model="flops", workspace="measure",
+                     time_limit=None, solver_options=None, **example_kwargs) -> tuple[Plan, Capture]:
     """Like :func:`plan`, also returning the :class:`~remat.capture.Capture`."""
     result: list = []
 
@@ -186,8 +188,8 @@ def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_mode
         result.append((plan, capture))
         raise _PlanReady()
 
-    options = dict(budget=budget, solver=solver, cost_model=cost_model, time_limit=time_limit,
-                   solver_options=solver_options or {}, on_plan=stop)
+    options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
+                   time_limit=time_limit, solver_options=solver_options or {}, on_plan=stop)
     compiled = _compile(model, options)
     try:
         with torch.enable_grad():

@@ -20,12 +20,12 @@ from torch._dynamo import register_backend
 from torch._functorch.aot_autograd import aot_module_simplified
 
 from .capture import Capture, capture_joint
-from .cost import make_cost_fn
+from .cost import make_cost_fn, make_workspace_fn
 from .lower import lower
 from .planner import make_plan
 from .runtime import boxed
 
-OPTION_NAMES = ("budget", "solver", "cost_model", "time_limit", "solver_options", "on_plan")
+OPTION_NAMES = ("budget", "solver", "cost_model", "workspace", "time_limit", "solver_options", "on_plan")
 
 
 @dataclass
@@ -33,6 +33,7 @@ class BackendOptions:
     budget: Any = None
     solver: str = "auto"
     cost_model: Any = "flops"
+    workspace: str = "measure"  # "measure" each op's scratch memory once, or "none"
     time_limit: float | None = None
     solver_options: dict = field(default_factory=dict)
     on_plan: Callable | None = None  # called with (plan, capture) after planning
@@ -53,7 +54,12 @@ def _compile_boxed(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphMo
 def make_partition_fn(opts: BackendOptions):
     def partition_fn(joint, joint_inputs, *, num_fwd_outputs, **_ignored):
         device = _device_of(joint)
-        capture = capture_joint(joint, num_fwd_outputs, cost_fn=make_cost_fn(opts.cost_model, device))
+        capture = capture_joint(
+            joint,
+            num_fwd_outputs,
+            cost_fn=make_cost_fn(opts.cost_model, device),
+            workspace_fn=make_workspace_fn(opts.workspace),
+        )
         plan = make_plan(
             capture.graph, opts.budget, opts.solver, time_limit=opts.time_limit, **opts.solver_options
         )

@@ -106,9 +106,11 @@ def capture_joint(
     num_fwd_outputs: int,
     *,
     cost_fn: CostFn | None = None,
+    workspace_fn: Callable[[fx.Node], int] | None = None,
     name: str = "graph",
 ) -> Capture:
-    """Build the Graph of a joint graph; ``cost_fn(fx_node) -> seconds`` prices each op."""
+    """Build the Graph of a joint graph; ``cost_fn(fx_node) -> seconds`` prices each op,
+    ``workspace_fn(fx_node) -> bytes`` gives its scratch memory (see :mod:`remat.cost.workspace`)."""
     fx_graph = joint.graph
     (output_node,) = fx_graph.find_nodes(op="output")
     outputs = list(output_node.args[0])
@@ -224,6 +226,7 @@ def capture_joint(
             out_bytes,
             phase=phase,
             cost=float(cost_fn(n)) if cost_fn else 1.0,
+            workspace=int(workspace_fn(n)) if workspace_fn else 0,
             random=_is_random(n),
             op=_op_name(n),
             module=_module_path(n),

@@ -168,10 +168,14 @@ class _Lowering:
         self.current.pop(vid, None)
         self._forget_aliases_of(vid)
 
-    def _run(self, instructions):
-        for ins in instructions:
+    def _run(self, instructions, offset: int = 0):
+        for i, ins in enumerate(instructions, offset):
             if ins.kind == COMPUTE:
                 self._compute(ins.target)
+                for n in reversed(self.graph.nodes):  # tag the op node for tracing tools
+                    if n.op == "call_function" and n.target is not operator.getitem:
+                        n.meta["remat_instruction"] = i
+                        break
             elif ins.kind == FREE:
                 self._free(ins.target)
             else:
@@ -197,7 +201,7 @@ class _Lowering:
         self.first_tangent = tangent_nodes[0] if tangent_nodes else None
         for t, ph in zip(cap.tangents, tangent_nodes):
             self.current[cap.value_id[t]] = ph
-        self._run(self.plan.backward_instructions)
+        self._run(self.plan.backward_instructions, self.plan.boundary)
         grads = [self._resolve(x) if isinstance(x, fx.Node) else x for x in cap.bwd_outputs]
         self.bwd.output(tuple(grads))
 

@@ -23,12 +23,11 @@ CPU (Linux with glibc only)
        OS, and dropped from RSS -- as soon as it is freed. Without it glibc keeps freed blocks
        in its heap: the memory stays resident, is reused silently, and the measured "growth" is
        meaningless.
-    2. Just before the step, ``gc.collect()`` and ``malloc_trim(0)`` hand free heap pages back
-       to the OS, so that small (< 64 KiB) allocations made by the step have to fault in fresh
-       pages and are counted, whatever ran before. (Without the trim they silently reuse pages
-       freed by earlier steps and are not counted at all; with it, small blocks that the step
-       frees again before its peak may stay resident and be counted at the peak too. The error
-       therefore leans towards over-estimating, by at most the step's small-block churn.)
+    2. The heap is *not* trimmed before the step. Small (< 64 KiB) blocks then reuse pages
+       earlier steps left resident and are not counted; they are a few hundred KiB at most in
+       the steps remat plans. Trimming (``malloc_trim(0)``) would count them, but would also
+       count every heap page the step's small-block churn touches, freed or not: on a ResNet
+       step that read 7 MiB above the tensors actually alive (checked on torch 2.13 CPU).
     3. Writing ``5`` to ``/proc/self/clear_refs`` resets the kernel's high-water mark
        ``VmHWM`` to the current RSS. The kernel updates the mark every time memory is
        unmapped, so after the step ``VmHWM`` is the highest RSS reached during it, and
@@ -152,8 +151,7 @@ def enable_cpu_memory_tracking() -> None:
 
     ``M_TRIM_THRESHOLD`` is deliberately left at its default (128 KiB): freed small blocks
     are pinned below the top of the heap by live neighbours far more often than they sit at
-    its top, so lowering it made no measurable difference (checked on torch 2.13 CPU);
-    :func:`peak_memory_growth` calls ``malloc_trim(0)`` before each measurement instead.
+    its top, so lowering it made no measurable difference (checked on torch 2.13 CPU).
 
     Also checks that the high-water mark can be reset (``/proc/self/clear_refs``, Linux 4.0+).
     Call this as early as possible, ideally before the model is built: blocks already in the
@@ -263,7 +261,6 @@ def _measure_once(fn: Callable[[], Any], dev: torch.device) -> tuple[int, float,
         enable_cpu_memory_tracking()
         assert _libc is not None
         gc.collect()
-        _libc.malloc_trim(0)
         start, _ = _read_rss_and_hwm()
         _reset_high_water_mark()
         t0 = time.perf_counter()
@@ -285,13 +282,43 @@ def _measure_once(fn: Callable[[], Any], dev: torch.device) -> tuple[int, float,
     return max(mem.max_memory_allocated(dev) - start, 0), seconds, result
 
 
+def _allocator_peak_cpu(fn: Callable[[], Any]) -> tuple[int, Any]:
+    """Peak growth of bytes held by torch's CPU allocator while ``fn`` runs.
+
+    ``torch.profiler`` with ``profile_memory=True`` reports every CPU allocation and free
+    (``[memory]`` events, bytes signed); their running sum in time order is the memory in use,
+    and its maximum is the CPU analogue of CUDA's ``max_memory_allocated`` growth. Exact to the
+    byte, blind to memory not allocated through torch (Python objects, some libraries' own
+    scratch buffers), and slows the step down, so it is never used for timing."""
+    from torch.profiler import ProfilerActivity, profile
+
+    # kineto prints two lines per session at its default log level; it reads this when first used
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    gc.collect()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    cpu = torch._C._autograd.DeviceType.CPU
+    events = sorted(
+        ((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+         if e.name() == "[memory]" and e.device_type() == cpu),
+        key=lambda ev: ev[0],
+    )
+    in_use = peak = 0
+    for _, nbytes in events:
+        in_use += nbytes
+        peak = max(peak, in_use)
+    return peak, result
+
+
 # --------------------------------------------------------------------------------------------
 # Public entry points
 # --------------------------------------------------------------------------------------------
 
+CPU_METHODS = ("allocator", "rss")
+
 
 def peak_memory_growth(
-    fn: Callable[[], Any], device: torch.device | str = "cpu"
+    fn: Callable[[], Any], device: torch.device | str = "cpu", *, cpu_method: str = "allocator"
 ) -> tuple[int, Any]:
     """Run ``fn()`` once and return ``(peak growth in bytes, fn's result)``.
 
@@ -302,16 +329,28 @@ def peak_memory_growth(
       ``memory_allocated(device)``, ``reset_peak_memory_stats(device)``, run, synchronize,
       then ``max_memory_allocated(device)`` minus the start. Only that device's tensor memory
       is counted.
-    * ``"cpu"``: :func:`enable_cpu_memory_tracking`, ``gc.collect()``, ``malloc_trim(0)``,
+    * ``"cpu"`` with ``cpu_method="allocator"`` (the default): every allocation and free of
+      torch's CPU allocator, recorded by ``torch.profiler``; the peak of their running sum.
+      The same quantity as on CUDA, exact, independent of the kernel's counters.
+    * ``"cpu"`` with ``cpu_method="rss"``: :func:`enable_cpu_memory_tracking`, ``gc.collect()``,
       read ``VmRSS``, reset ``VmHWM`` through ``/proc/self/clear_refs``, run, and return
       ``VmHWM`` minus that ``VmRSS``. This is the whole process's resident memory, so run
       ``fn`` once before measuring it if it has first-call costs (lazy initialization,
       thread pools, code paged in), and expect it to read ~0.1 MiB low (kernel counter
       lag). See the module docstring.
 
+    The RSS method reads the kernel's per-CPU-batched RSS counters: with several threads
+    hopping over many CPUs they lag by several MiB (seen on torch 2.13: 9.6 MiB read while
+    14.3 MiB of tensors were alive), which is why the allocator method is the default.
+
     The result of ``fn`` is still alive when the peak is read, so it is part of the peak.
     """
-    peak, _, result = _measure_once(fn, _resolve_device(device))
+    dev = _resolve_device(device)
+    if cpu_method not in CPU_METHODS:
+        raise ValueError(f"cpu_method must be one of {CPU_METHODS}, got {cpu_method!r}")
+    if dev.type == "cpu" and cpu_method == "allocator":
+        return _allocator_peak_cpu(fn)
+    peak, _, result = _measure_once(fn, dev)
     return peak, result
 
 
@@ -322,6 +361,7 @@ def measure_step(
     warmup: int = 1,
     repeats: int = 3,
     setup: Callable[[], Any] | None = None,
+    cpu_method: str = "allocator",
 ) -> StepMeasurement:
     """Measure the peak memory growth and the wall time of one training step.
 
@@ -355,6 +395,8 @@ def measure_step(
         warmup: untimed runs before measuring (>= 0).
         repeats: timed runs (>= 1).
         setup: called before every run, outside the measurement.
+        cpu_method: ``"allocator"`` (default: torch's allocator events, in up to two extra
+            untimed runs) or ``"rss"`` (the process's resident memory, in the timed runs).
 
     Returns:
         A :class:`StepMeasurement`.
@@ -376,13 +418,27 @@ def measure_step(
 
     samples: list[float] = []
     peaks: list[int] = []
+    separate_memory_runs = dev.type == "cpu" and cpu_method == "allocator"
     for _ in range(repeats):
         if setup is not None:
             setup()
-        peak, seconds, result = _measure_once(step, dev)
+        if separate_memory_runs:  # the profiler would slow the timed run down
+            _synchronize(dev)
+            t0 = time.perf_counter()
+            result = step()
+            samples.append(time.perf_counter() - t0)
+        else:
+            peak, seconds, result = _measure_once(step, dev)
+            samples.append(seconds)
+            peaks.append(peak)
         del result
-        samples.append(seconds)
-        peaks.append(peak)
+    if separate_memory_runs:
+        for _ in range(min(repeats, 2)):
+            if setup is not None:
+                setup()
+            peak, result = _allocator_peak_cpu(step)
+            del result
+            peaks.append(peak)
 
     return StepMeasurement(
         peak_bytes=max(peaks),

@@ -28,3 +28,14 @@ def make_cost_fn(cost_model, device: torch.device | str = "cpu") -> Callable[[fx
     if cost_model == "profile":
         raise RematError("cost_model='profile' is not implemented yet; use 'flops' (the default) or 'unit'")
     raise RematError(f"unknown cost_model {cost_model!r}; use 'flops', 'unit' or a callable fx_node -> seconds")
+
+
+def make_workspace_fn(workspace) -> Callable[[fx.Node], int] | None:
+    """``"measure"``: probe each op signature once (:mod:`remat.cost.workspace`); ``"none"``: zero."""
+    if workspace == "measure":
+        from .workspace import node_workspace
+
+        return node_workspace
+    if workspace in ("none", None):
+        return None
+    raise RematError(f"unknown workspace option {workspace!r}; use 'measure' or 'none'")

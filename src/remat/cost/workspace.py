@@ -1,0 +1,134 @@
+"""Workspace: the memory an op allocates and frees inside itself, measured once per op signature.
+
+Some kernels need scratch memory beyond their outputs: a CPU convolution's column
+buffer, ``native_dropout``'s float noise before it becomes a bool mask, an attention
+backward's intermediates. The simulator counts it at the op (``Node.workspace``), so a
+plan whose peak falls on such an op is predicted honestly.
+
+It is measured, not guessed: for each distinct (op, shapes, strides, dtypes, constant
+arguments, device) the op runs once on real tensors of the right shapes (floats random,
+integers zero — a valid index for every indexing op — bools random) and::
+
+    workspace = peak memory growth during the op - bytes of its outputs
+
+with peak growth from :func:`remat.measure.peak_memory_growth` (CUDA allocator
+statistics; on CPU the VmHWM method, which needs ``enable_cpu_memory_tracking``).
+Ops moving fewer than ``MIN_PROBE_BYTES`` in all, and workspaces under
+``MIN_WORKSPACE_BYTES`` (allocator noise), count as 0. Results are cached per process.
+Random ops run inside ``torch.random.fork_rng``, so probing leaves the generators as they were.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.fx as fx
+from torch.utils._python_dispatch import _disable_current_modes
+
+MIN_PROBE_BYTES = 1 << 20
+MIN_WORKSPACE_BYTES = 1 << 17
+
+_CACHE: dict[tuple, int] = {}
+
+
+def _tensors_in(x) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for y in x for t in _tensors_in(y)]
+    return []
+
+
+def _describe(x):
+    if isinstance(x, fx.Node):
+        val = x.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return ("T", tuple(val.shape), tuple(val.stride()), str(val.dtype), str(val.device))
+        return ("N", repr(val))
+    if isinstance(x, (tuple, list)):
+        return tuple(_describe(y) for y in x)
+    return repr(x)
+
+
+def _signature(node: fx.Node) -> tuple:
+    return (str(node.target), _describe(node.args), _describe(tuple(sorted(node.kwargs.items()))))
+
+
+def _materialize(val: torch.Tensor) -> torch.Tensor:
+    """A real tensor with ``val``'s shape, strides (expanded ones too) and dtype."""
+    span = 1 + val.storage_offset() + sum((s - 1) * st for s, st in zip(val.shape, val.stride()) if s > 0)
+    base = torch.empty(span if val.numel() else 0, dtype=val.dtype, device=val.device)
+    if base.is_floating_point() or base.is_complex():
+        base.normal_()
+    elif base.dtype == torch.bool:
+        base.random_(0, 2)
+    else:
+        base.zero_()
+    return base.as_strided(tuple(val.shape), tuple(val.stride()), val.storage_offset())
+
+
+def _distinct_bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        try:
+            key = t.untyped_storage().data_ptr()
+            size = t.untyped_storage().nbytes()
+        except Exception:
+            key, size = id(t), t.numel() * t.element_size()
+        if key not in seen:
+            seen.add(key)
+            total += size
+    return total
+
+
+def node_workspace(node: fx.Node) -> int:
+    """Bytes of scratch memory ``node``'s op needs beyond its outputs (0 when too small to matter)."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return 0
+    if node.target.is_view:
+        return 0
+    inputs = [n.meta.get("val") for n in node.all_input_nodes]
+    outs = _tensors_in(node.meta.get("val"))
+    moved = sum(t.numel() * t.element_size() for t in _tensors_in(inputs) + outs)
+    if moved < MIN_PROBE_BYTES:
+        return 0
+    key = _signature(node)
+    if key not in _CACHE:
+        # the partition function runs under AOTAutograd's fake mode: probe with real tensors
+        with _disable_current_modes():
+            _CACHE[key] = _probe(node)
+    return _CACHE[key]
+
+
+def _probe(node: fx.Node) -> int:
+    from ..measure import enable_cpu_memory_tracking, peak_memory_growth
+
+    real: dict[fx.Node, torch.Tensor] = {}
+
+    def to_real(n: fx.Node):
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            if n not in real:
+                real[n] = _materialize(val)
+            return real[n]
+        return val
+
+    op = node.target
+    try:
+        args = fx.map_arg(node.args, to_real)
+        kwargs = fx.map_arg(node.kwargs, to_real)
+        device = next((t.device for t in _tensors_in(list(real.values()))), torch.device("cpu"))
+        if device.type == "cpu":
+            enable_cpu_memory_tracking()
+        devices = [device.index or 0] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            op(*args, **kwargs)  # warm-up: lazy initialisation is not workspace
+            peak, out = peak_memory_growth(lambda: op(*args, **kwargs), device)
+    except Exception as err:  # an op that rejects made-up inputs: say so, assume none
+        warnings.warn(f"remat could not measure the workspace of {op} ({err}); assuming none", stacklevel=2)
+        return 0
+    inputs = {t.untyped_storage().data_ptr() for t in real.values()}
+    produced = [t for t in _tensors_in(out) if t.untyped_storage().data_ptr() not in inputs]
+    workspace = peak - _distinct_bytes(produced)
+    return int(workspace) if workspace >= MIN_WORKSPACE_BYTES else 0
