@@ -34,12 +34,15 @@ def _unwrap_compile_error(err: BaseException) -> BaseException:
         if isinstance(seen, (RematError, _PlanReady)):
             return seen
         seen = getattr(seen, "inner_exception", None) or seen.__cause__
-    if isinstance(err, torch._dynamo.exc.Unsupported) or "graph break" in str(err).lower():
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    dynamo_exc = torch._dynamo.exc
+    if isinstance(err, dynamo_exc.TorchDynamoException) and not isinstance(err, dynamo_exc.BackendCompilerFailed):
+        lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+        reason = lines[0] if lines else type(err).__name__
+        where = next((ln for ln in lines if ln.startswith("Caused by:")), "")
         return CaptureError(
-            f"remat needs the model's forward as one graph, but Dynamo could not capture it: {first}. "
-            "Rewrite that part of forward() without data-dependent Python control flow or unsupported calls "
-            "(see the full reason below), or plan the parts on either side of it separately."
+            f"remat needs the model's forward as one graph, but Dynamo could not capture it ({type(err).__name__}): "
+            f"{reason} {where} -- rewrite that part of forward() without data-dependent Python control flow "
+            "(.item(), if on tensor values) or unsupported calls, or plan the parts on either side of it separately."
         )
     return err
 

@@ -11,8 +11,8 @@ integers zero — a valid index for every indexing op — bools random) and::
 
     workspace = peak memory growth during the op - bytes of its outputs
 
-with peak growth from :func:`remat.measure.peak_memory_growth` (CUDA allocator
-statistics; on CPU the VmHWM method, which needs ``enable_cpu_memory_tracking``).
+with peak growth from :func:`remat.measure.peak_memory_growth` (the allocator's own
+accounting: CUDA memory statistics, or torch's CPU allocator events).
 Ops moving fewer than ``MIN_PROBE_BYTES`` in all, and workspaces under
 ``MIN_WORKSPACE_BYTES`` (allocator noise), count as 0. Results are cached per process.
 Random ops run inside ``torch.random.fork_rng``, so probing leaves the generators as they were.
@@ -102,7 +102,7 @@ def node_workspace(node: fx.Node) -> int:
 
 
 def _probe(node: fx.Node) -> int:
-    from ..measure import enable_cpu_memory_tracking, peak_memory_growth
+    from ..measure import peak_memory_growth
 
     real: dict[fx.Node, torch.Tensor] = {}
 
@@ -119,12 +119,10 @@ def _probe(node: fx.Node) -> int:
         args = fx.map_arg(node.args, to_real)
         kwargs = fx.map_arg(node.kwargs, to_real)
         device = next((t.device for t in _tensors_in(list(real.values()))), torch.device("cpu"))
-        if device.type == "cpu":
-            enable_cpu_memory_tracking()
         devices = [device.index or 0] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             op(*args, **kwargs)  # warm-up: lazy initialisation is not workspace
-            peak, out = peak_memory_growth(lambda: op(*args, **kwargs), device)
+            peak, out = peak_memory_growth(lambda: op(*args, **kwargs), device, collect_garbage=False)
     except Exception as err:  # an op that rejects made-up inputs: say so, assume none
         warnings.warn(f"remat could not measure the workspace of {op} ({err}); assuming none", stacklevel=2)
         return 0

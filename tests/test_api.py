@@ -1,0 +1,129 @@
+"""The public API: budgets, solver choice, the torch.compile backend, and the errors users see."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import remat
+from remat import zoo
+from remat.budget import BudgetError, parse_size, resolve_budget
+
+from .models.helpers import assert_bitwise, run_step
+
+
+def test_parse_size():
+    assert parse_size("1.5GiB") == 3 * 2**29
+    assert parse_size("800MB") == 800 * 10**6
+    assert parse_size("512 KiB") == 512 * 1024
+    assert parse_size("1e9") == 10**9
+    with pytest.raises(BudgetError, match="'lots'"):
+        parse_size("lots")
+
+
+def test_budget_types_decide_units():
+    assert resolve_budget(1, 1000) == 1  # an int is bytes: one byte
+    assert resolve_budget(1.0, 1000) == 1000  # a float is a fraction of store_all's peak
+    assert resolve_budget(0.25, 1000) == 250
+    assert resolve_budget("2KiB", 1000) == 2048
+    assert resolve_budget(None, 1000) is None
+    for bad in (1.5, 0.0, -3, True, [1]):
+        with pytest.raises(BudgetError):
+            resolve_budget(bad, 1000)
+
+
+def test_auto_picks_cheapest_plan_that_fits():
+    ex = zoo.build("mlp", size="tiny")
+    everything = remat.plan(ex.model, *ex.args, budget=1.0)
+    assert everything.solver == "store_all" and everything.overhead == pytest.approx(0.0)
+    store = remat.plan(ex.model, *ex.args, solver="store_all")
+    chen = remat.plan(ex.model, *ex.args, solver="chen_sqrt")
+    between = remat.plan(ex.model, *ex.args, budget=(chen.peak_bytes + store.peak_bytes) // 2)
+    assert between.peak_bytes <= between.budget_bytes
+    assert between.compute_seconds <= chen.compute_seconds + 1e-12
+
+
+def test_infeasible_budget_names_the_minimum():
+    ex = zoo.build("cnn_bn", size="tiny")
+    with pytest.raises(remat.InfeasibleBudgetError) as info:
+        remat.optimize(ex.model, *ex.args, budget=1)
+    err = info.value
+    assert err.budget_bytes == 1
+    assert err.min_budget_bytes > 1
+    assert str(err.min_budget_bytes) in str(err) and "Raise the budget" in str(err)
+    # the minimum it names is feasible
+    module = remat.optimize(ex.model, *ex.args, budget=err.min_budget_bytes)
+    assert module.plan.peak_bytes <= err.min_budget_bytes
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.lin(x)
+        if h.sum().item() > 0:  # data-dependent control flow: Dynamo cannot keep one graph
+            return h.relu().sum()
+        return h.sum()
+
+
+def test_capture_error_names_the_graph_break():
+    with pytest.raises(remat.CaptureError) as info:
+        remat.optimize(Branchy(), torch.randn(4, 8))
+    msg = str(info.value)
+    assert "one graph" in msg and "h.sum().item() > 0" in msg
+
+
+def test_unknown_solver_is_a_clear_error():
+    ex = zoo.build("mlp", size="tiny")
+    with pytest.raises(remat.SolverError, match="unknown solver 'magic'.*chen_sqrt"):
+        remat.plan(ex.model, *ex.args, solver="magic")
+
+
+def test_registered_backend_runs_the_plan():
+    ex = zoo.build("cnn_bn", size="tiny")
+    ref = run_step(ex, remat.optimize(ex.model, *ex.args, solver="chen_sqrt"))
+    ex2 = zoo.build("cnn_bn", size="tiny")
+    compiled = torch.compile(ex2.model, backend="remat", options={"budget": 1.0, "solver": "chen_sqrt"})
+    got = run_step(ex2, compiled)
+    got.grads = {k.removeprefix("_orig_mod."): v for k, v in got.grads.items()}
+    got.buffers = {k.removeprefix("_orig_mod."): v for k, v in got.buffers.items()}
+    assert_bitwise(got, ref)
+
+
+def test_plan_runs_nothing():
+    ex = zoo.build("cnn_bn", size="tiny")
+    before = {k: v.clone() for k, v in ex.model.state_dict().items()}
+    state = torch.get_rng_state()
+    plan = remat.plan(ex.model, *ex.args, budget=0.8)
+    assert plan.peak_bytes <= plan.budget_bytes
+    assert all(torch.equal(before[k], v) for k, v in ex.model.state_dict().items())
+    assert torch.equal(state, torch.get_rng_state())
+    assert all(p.grad is None for p in ex.model.parameters())
+
+
+def test_optimize_leaves_buffers_and_rng_untouched():
+    ex = zoo.build("cnn_bn", size="tiny")
+    before = {k: v.clone() for k, v in ex.model.state_dict().items()}
+    state = torch.get_rng_state()
+    remat.optimize(ex.model, *ex.args, budget=0.8)
+    assert all(torch.equal(before[k], v) for k, v in ex.model.state_dict().items())
+    assert torch.equal(state, torch.get_rng_state())
+
+
+def test_eval_and_no_grad_use_the_original_model():
+    ex = zoo.build("cnn_bn", size="tiny")
+    module = remat.optimize(ex.model, *ex.args, solver="chen_sqrt")
+    module.eval()
+    assert not ex.model.training
+    with torch.no_grad():
+        torch.testing.assert_close(module(*ex.args), ex.model(*ex.args))
+    module.train()
+    assert ex.model.training
+
+
+def test_plan_summary_mentions_what_matters():
+    ex = zoo.build("mlp", size="tiny")
+    text = remat.plan(ex.model, *ex.args, budget=1.0).summary()
+    for word in ("predicted peak", "budget", "overhead", "solve time"):
+        assert word in text
