@@ -54,7 +54,7 @@ class _Lowering:
     def _reset_phase(self, graph: fx.Graph):
         self.graph = graph
         self.current: dict[int, fx.Node] = {}  # value id -> node holding its current copy
-        self.alias_copies: dict[fx.Node, fx.Node] = {}  # joint alias node -> its copy
+        self.alias_copies: dict[int, dict[fx.Node, fx.Node]] = {}  # base value id -> {joint alias node: copy}
         self.rng: dict[int, fx.Node] = {}  # graph node id -> its saved generator state
 
     def _resolve(self, arg: fx.Node) -> fx.Node:
@@ -65,20 +65,16 @@ class _Lowering:
                 self.current[vid] = self._demand_saved(("value", vid))
             return self.current[vid]
         if arg in cap.alias_base:
-            copy = self.alias_copies.get(arg)
+            copies = self.alias_copies.setdefault(cap.alias_base[arg], {})
+            copy = copies.get(arg)
             if copy is None:
                 copy = self.graph.node_copy(arg, self._resolve)
-                self.alias_copies[arg] = copy
+                copies[arg] = copy
             return copy
         raise InvalidPlanError(f"cannot lower a read of {arg.name}: it is neither a value nor an alias")
 
     def _forget_aliases_of(self, vid: int):
-        stale = [a for a in self.alias_copies if self._alias_root(a) == vid]
-        for a in stale:
-            del self.alias_copies[a]
-
-    def _alias_root(self, alias: fx.Node) -> int:
-        return self.cap.alias_base[alias]
+        self.alias_copies.pop(vid, None)
 
     def _device(self, node: fx.Node) -> str:
         val = node.meta.get("val")
