@@ -35,7 +35,7 @@ def _unwrap_compile_error(err: BaseException) -> BaseException:
             return seen
         seen = getattr(seen, "inner_exception", None) or seen.__cause__
     dynamo_exc = torch._dynamo.exc
-    if isinstance(err, dynamo_exc.TorchDynamoException) and not isinstance(err, dynamo_exc.BackendCompilerFailed):
+    if isinstance(err, (dynamo_exc.Unsupported, dynamo_exc.UserError)):
         lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
         reason = lines[0] if lines else type(err).__name__
         where = next((ln for ln in lines if ln.startswith("Caused by:")), "")
@@ -48,6 +48,7 @@ def _unwrap_compile_error(err: BaseException) -> BaseException:
 
 
 _entry_count = itertools.count()
+RECOMPILE_LIMIT = 64  # distinct input shapes one RematModule plans for
 
 
 def _entry_point(model: nn.Module):
@@ -97,16 +98,15 @@ class RematModule(nn.Module):
         object.__setattr__(self, "_modules", model._modules)
         object.__setattr__(self, "_parameters", model._parameters)
         object.__setattr__(self, "_buffers", model._buffers)
+        object.__setattr__(self, "_non_persistent_buffers_set", model._non_persistent_buffers_set)
         self.training = model.training
         self._remat_plans: list[Plan] = []
-        self._remat_captures: list[Capture] = []
         options = dict(options)
         options["on_plan"] = self._record
         object.__setattr__(self, "_remat_compiled", _compile(model, options))
 
     def _record(self, plan: Plan, capture: Capture) -> None:
-        self._remat_plans.append(plan)
-        self._remat_captures.append(capture)
+        self._remat_plans.append(plan)  # not the capture: it holds fake tensors (no deepcopy)
 
     @property
     def plan(self) -> Plan | None:
@@ -120,7 +120,9 @@ class RematModule(nn.Module):
         if not torch.is_grad_enabled():
             return self._remat_original(*args, **kwargs)
         try:
-            return self._remat_compiled(*args, **kwargs)
+            # each new input shape is a new capture and plan; allow more than Dynamo's default 8
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                return self._remat_compiled(*args, **kwargs)
         except Exception as err:  # surface remat's own errors, not Dynamo's wrapper
             inner = _unwrap_compile_error(err)
             if inner is err:

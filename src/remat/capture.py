@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
+from .errors import CaptureError
 from .graph import ACTIVATION, BACKWARD, FORWARD, Graph, GraphBuilder
 
 CostFn = Callable[[fx.Node], float]
@@ -146,6 +147,13 @@ def capture_joint(
 
     for n in fx_graph.find_nodes(op="placeholder"):
         val = n.meta.get("val")
+        if isinstance(val, torch.SymInt) or (
+            isinstance(val, torch.Tensor) and any(not isinstance(d, int) for d in val.shape)
+        ):
+            raise CaptureError(
+                f"remat plans graphs of static shapes, but input {n.name} has a symbolic shape or is a "
+                "symbolic int: compile with torch.compile(..., dynamic=False) (remat.optimize does)"
+            )
         nbytes = _storage_bytes(val) if isinstance(val, torch.Tensor) else 0
         shape, dtype = meta_of(val) if isinstance(val, torch.Tensor) else ((), "")
         if str(n.target).startswith("tangents"):
@@ -154,6 +162,13 @@ def capture_joint(
         else:
             primals.append(n)
             add_value(n, builder.input(n.name, nbytes, shape, dtype))
+
+    # tensor constants made in forward (``torch.tensor([...])``) are attributes of the joint graph
+    for n in fx_graph.find_nodes(op="get_attr"):
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            shape, dtype = meta_of(val)
+            add_value(n, builder.input(n.name, _storage_bytes(val), shape, dtype))
 
     def base_of(arg: fx.Node) -> int | None:
         if arg in value_id:

@@ -59,6 +59,11 @@ class _Lowering:
 
     def _resolve(self, arg: fx.Node) -> fx.Node:
         cap = self.cap
+        if arg.op == "get_attr":  # a constant: read it again wherever it is needed
+            vid = cap.value_id[arg]
+            if vid not in self.current:
+                self.current[vid] = self.graph.node_copy(arg)
+            return self.current[vid]
         if arg in cap.value_id:
             vid = cap.value_id[arg]
             if vid not in self.current:

@@ -172,7 +172,7 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
         enter_backward()
         peak = max(peak, current + external)
     for v in graph.backward_outputs:
-        if values[v].kind == ACTIVATION and v not in resident:
+        if values[v].kind in (ACTIVATION, TANGENT) and v not in resident:
             raise InvalidPlanError(f"backward output {values[v].name} is not resident when the step ends")
     return Simulation(int(peak), seconds, tuple(timeline), peak_index, saved, computes)
 
@@ -207,7 +207,7 @@ class Plan:
         boundary_pos = len(forward)
         values, nodes = graph.values, graph.nodes
         forward_outputs = {v for v in graph.forward_outputs if values[v].kind == ACTIVATION}
-        backward_outputs = {v for v in graph.backward_outputs if values[v].kind == ACTIVATION}
+        backward_outputs = {v for v in graph.backward_outputs if values[v].kind in (ACTIVATION, TANGENT)}
 
         # instance = (value, position created); find each instance's last use
         current: dict[int, int] = {}
@@ -235,7 +235,7 @@ class Plan:
             v, created = inst
             if v in forward_outputs and inst in live_at_boundary and created < boundary_pos:
                 return True
-            return v in backward_outputs and last_instance[v] == inst
+            return v in backward_outputs and last_instance.get(v, inst) == inst
 
         frees_after: dict[int, list[int]] = {}
         for inst, pos in last_use.items():

@@ -9,6 +9,7 @@ budget, solver, options).
 
 from __future__ import annotations
 
+import json
 import time
 
 from .budget import resolve_budget
@@ -22,7 +23,8 @@ _CACHE: dict[tuple, Plan] = {}
 
 def _cache_key(graph: Graph, budget_bytes, solver, options) -> tuple:
     costs = tuple(round(n.cost, 12) for n in graph.nodes)
-    return (graph.structural_hash, hash(costs), budget_bytes, solver, tuple(sorted(options.items())))
+    meta = json.dumps(graph.meta, sort_keys=True, default=str)  # mutated inputs, RNG state size …
+    return (graph.structural_hash, hash(costs), meta, budget_bytes, solver, tuple(sorted(options.items())))
 
 
 def auto_candidates() -> list[str]:
@@ -46,9 +48,12 @@ def make_plan(graph: Graph, budget=None, solver: str = "auto", *, time_limit: fl
     plans = [store_all if n == "store_all" else solve(n, graph, budget_bytes, time_limit=time_limit, **options) for n in names]
     fitting = [p for p in plans if budget_bytes is None or p.peak_bytes <= budget_bytes]
     if not fitting:
-        smallest = _smallest_feasible(graph, plans)
+        smallest = min(plans, key=lambda p: p.peak_bytes)  # the smallest budget *this* choice meets
+        overall = _smallest_feasible(graph, plans)
         detail = ", ".join(f"{p.solver} reaches {p.peak_bytes}" for p in plans)
-        raise InfeasibleBudgetError(budget_bytes, smallest.peak_bytes, f"{detail}; best is {smallest.solver}")
+        if overall.peak_bytes < smallest.peak_bytes:
+            detail += f"; solver {overall.solver!r} would reach {overall.peak_bytes}"
+        raise InfeasibleBudgetError(budget_bytes, smallest.peak_bytes, detail)
     best = min(fitting, key=lambda p: (p.compute_seconds, p.peak_bytes))
     best.budget_bytes = budget_bytes
     if solver == "auto":

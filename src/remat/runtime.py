@@ -28,10 +28,11 @@ def _set_rng_state(device: torch.device, state: torch.Tensor) -> None:
         torch.set_rng_state(state)
 
 
-def replay_random(state: torch.Tensor, device: str, op, *args, **kwargs):
-    """Run ``op(*args, **kwargs)`` with the generator set to ``state``; restore it afterwards."""
-    dev = torch.device(device)
-    now = rng_state(device)
+def replay_random(state: torch.Tensor, rng_device: str, op, /, *args, **kwargs):
+    """Run ``op(*args, **kwargs)`` with the generator set to ``state``; restore it afterwards.
+    (Positional-only, so that an op's own ``device=`` keyword passes through.)"""
+    dev = torch.device(rng_device)
+    now = rng_state(rng_device)
     _set_rng_state(dev, state)
     try:
         return op(*args, **kwargs)
