@@ -23,6 +23,12 @@ from .errors import CaptureError, RematError
 from .plan import Plan
 
 
+_NO_TRAINING_GRAPH = (
+    "the model's forward produced no training graph: nothing it computes requires gradients. "
+    "Check that its parameters (or inputs) have requires_grad=True; remat plans training steps."
+)
+
+
 class _PlanReady(Exception):
     """Raised from inside the backend by :func:`plan` to stop before anything runs."""
 
@@ -160,9 +166,21 @@ def optimize(
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
                    time_limit=time_limit, solver_options=solver_options or {})
     wrapped = RematModule(model, options)
+    args, kwargs = _detached_copies(example_args), _detached_copies(example_kwargs)  # forward may mutate them
     with _no_lasting_effects(model), torch.enable_grad():
-        wrapped(*example_args, **example_kwargs)
+        wrapped(*args, **kwargs)
+    if wrapped.plan is None:
+        raise CaptureError(_NO_TRAINING_GRAPH)
     return wrapped
+
+
+def _detached_copies(tree):
+    def copy(t):
+        if isinstance(t, torch.Tensor):
+            return t.detach().clone().requires_grad_(t.requires_grad)
+        return t
+
+    return torch.utils._pytree.tree_map(copy, tree)
 
 
 def plan(
@@ -206,8 +224,5 @@ def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_mode
                 raise
             raise inner from err
     if not result:
-        raise CaptureError(
-            "the model's forward produced no training graph: do its outputs depend on parameters "
-            "or inputs that require gradients?"
-        )
+        raise CaptureError(_NO_TRAINING_GRAPH)
     return result[0]

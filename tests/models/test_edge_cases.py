@@ -92,3 +92,25 @@ def test_named_solver_reports_its_own_minimum():
         remat.optimize(model, x, solver="store_all", budget=0.8)
     module = remat.optimize(model, x, solver="store_all", budget=info.value.min_budget_bytes)
     assert module.plan.peak_bytes <= info.value.min_budget_bytes
+
+
+def test_capture_run_leaves_example_inputs_alone():
+    class Mutates(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            x.mul_(2)
+            return self.lin(x)
+
+    x = torch.randn(4, 8)
+    before = x.clone()
+    remat.optimize(Mutates(), x, cost_model="unit")
+    assert torch.equal(x, before)
+
+
+def test_frozen_model_is_a_clear_error():
+    model = nn.Linear(8, 8).requires_grad_(False)
+    with pytest.raises(remat.CaptureError, match="requires_grad"):
+        remat.optimize(model, torch.randn(4, 8))
