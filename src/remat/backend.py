@@ -19,7 +19,7 @@ import torch
 from torch._dynamo import register_backend
 from torch._functorch.aot_autograd import aot_module_simplified
 
-from .capture import Capture, capture_joint
+from .capture import capture_joint
 from .cost import make_cost_fn, make_workspace_fn
 from .lower import lower
 from .planner import make_plan
@@ -92,4 +92,4 @@ def remat_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None
 
 register_backend(remat_backend, name="remat")
 
-__all__ = ["remat_backend", "BackendOptions", "Capture"]
+__all__ = ["remat_backend", "BackendOptions"]

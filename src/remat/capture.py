@@ -27,7 +27,7 @@ import torch
 import torch.fx as fx
 
 from .errors import CaptureError
-from .graph import ACTIVATION, BACKWARD, FORWARD, Graph, GraphBuilder
+from .graph import BACKWARD, FORWARD, Graph, GraphBuilder
 
 CostFn = Callable[[fx.Node], float]
 
@@ -297,7 +297,3 @@ def capture_joint(
         bwd_outputs=bwd_outputs,
     )
 
-
-def activation_bytes(graph: Graph) -> int:
-    """Bytes of every value the step computes (not what is live at once)."""
-    return sum(v.bytes for v in graph.values if v.kind == ACTIVATION)

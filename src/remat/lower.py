@@ -28,7 +28,7 @@ import torch.fx as fx
 from .capture import Capture, is_batch_norm_with_stats
 from .errors import InvalidPlanError
 from .plan import COMPUTE, FREE, Plan
-from .runtime import boxed, replay_random, rng_state
+from .runtime import replay_random, rng_state
 
 
 BATCH_NORM_NO_STATS = torch.ops.aten._native_batch_norm_legit.no_stats
@@ -220,9 +220,4 @@ def lower(capture: Capture, plan: Plan) -> tuple[fx.GraphModule, fx.GraphModule]
     return _Lowering(capture, plan).lower()
 
 
-def lower_boxed(capture: Capture, plan: Plan) -> tuple[fx.GraphModule, fx.GraphModule]:
-    fwd, bwd = lower(capture, plan)
-    return boxed(fwd), boxed(bwd)
-
-
-__all__ = ["lower", "lower_boxed", "operator"]
+__all__ = ["lower"]
