@@ -283,3 +283,16 @@ def test_costing_a_graph_is_fast():
     elapsed = time.perf_counter() - t0
     assert len(nodes) > 100 and all(c >= 0 for c in costs)
     assert elapsed < 0.5, f"{len(nodes)} nodes costed in {elapsed:.3f}s"
+
+
+def test_roofline_measured_under_fake_mode_is_real(tmp_path, monkeypatch):
+    """The cost model is first built inside torch.compile, under AOTAutograd's fake mode;
+    measuring there timed fake tensors (a 658 TFLOP/s "CPU"). It must time real ones."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(machine, "_MEMO", {})
+    with FakeTensorMode():
+        roofline = machine_roofline("cpu")
+    assert roofline.flops_per_second < 1e13 and roofline.bytes_per_second < 1e12
+    assert roofline.op_overhead_seconds < 3e-5

@@ -43,3 +43,7 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} B" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+class SolverTimeLimitWarning(UserWarning):
+    """A solver stopped at its time limit and returned its best plan, which may not be optimal."""

@@ -2,6 +2,8 @@
 
 * ``"flops"`` (default) — analytic roofline: FLOPs and bytes moved against the
   machine's measured peak rate and bandwidth (:mod:`remat.cost.flops`).
+* ``"profile"`` — measured: each distinct op signature timed on the real device, median of
+  several runs, cached on disk (:mod:`remat.cost.profile`).
 * ``"unit"`` — every op costs 1 (for tests and for comparing with papers that used it).
 * a callable ``fx_node -> seconds``.
 """
@@ -26,8 +28,10 @@ def make_cost_fn(cost_model, device: torch.device | str = "cpu") -> Callable[[fx
 
         return FlopsCostModel(device=device).node_seconds
     if cost_model == "profile":
-        raise RematError("cost_model='profile' is not implemented yet; use 'flops' (the default) or 'unit'")
-    raise RematError(f"unknown cost_model {cost_model!r}; use 'flops', 'unit' or a callable fx_node -> seconds")
+        from .profile import ProfileCostModel
+
+        return ProfileCostModel(device=device).node_seconds
+    raise RematError(f"unknown cost_model {cost_model!r}; use 'flops', 'profile', 'unit' or a callable fx_node -> seconds")
 
 
 def make_workspace_fn(workspace) -> Callable[[fx.Node], int] | None:

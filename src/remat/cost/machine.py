@@ -45,11 +45,12 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 __all__ = ["Roofline", "machine_roofline", "cache_dir"]
 
 # Bump when the measurement procedure changes, so old cache files are not reused.
-_METHOD_VERSION = 1
+_METHOD_VERSION = 2  # 2: measured outside any fake/dispatch mode (1 could be measured on fake tensors)
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,9 @@ def machine_roofline(device: torch.device | str = "cpu", *, refresh: bool = Fals
                 _MEMO[memo_key] = roofline
                 return roofline
         t0 = time.perf_counter()
-        flops_ps, bytes_ps, overhead = _measure(dev)
+        # the cost model is built inside torch.compile, under AOTAutograd's fake mode: measure real tensors
+        with _disable_current_modes():
+            flops_ps, bytes_ps, overhead = _measure(dev)
         elapsed = time.perf_counter() - t0
         roofline = Roofline(
             flops_per_second=float(flops_ps),

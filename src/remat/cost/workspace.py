@@ -55,14 +55,20 @@ def _signature(node: fx.Node) -> tuple:
     return (str(node.target), _describe(node.args), _describe(tuple(sorted(node.kwargs.items()))))
 
 
-def _materialize(val: torch.Tensor) -> torch.Tensor:
-    """A real tensor with ``val``'s shape, strides (expanded ones too) and dtype."""
+def _materialize(val: torch.Tensor, high: int = 0) -> torch.Tensor:
+    """A real tensor with ``val``'s shape, strides (expanded ones too) and dtype.
+
+    Floats are standard normal, bools random; integers are drawn uniformly from
+    ``[0, high)``, or are all zero when ``high <= 1``.
+    """
     span = 1 + val.storage_offset() + sum((s - 1) * st for s, st in zip(val.shape, val.stride()) if s > 0)
     base = torch.empty(span if val.numel() else 0, dtype=val.dtype, device=val.device)
     if base.is_floating_point() or base.is_complex():
         base.normal_()
     elif base.dtype == torch.bool:
         base.random_(0, 2)
+    elif high > 1:
+        base.random_(0, min(high, torch.iinfo(base.dtype).max))
     else:
         base.zero_()
     return base.as_strided(tuple(val.shape), tuple(val.stride()), val.storage_offset())

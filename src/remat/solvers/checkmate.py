@@ -1,0 +1,307 @@
+"""Checkmate's planners: the optimal MILP (``checkmate``) and LP rounding (``checkmate_lp``).
+
+``checkmate`` solves the MILP of :mod:`remat.solvers.checkmate_model` with HiGHS:
+warm-started from the cheapest baseline plan that fits, stopped at ``time_limit``
+(then the best plan found is returned with its MIP gap and a
+:class:`~remat.errors.SolverTimeLimitWarning`). When no plan fits, the same model with
+the budget as a variable finds the smallest feasible peak, and that plan is returned
+(over budget) so that the caller can name the minimum.
+
+``checkmate_lp`` (Checkmate's approximation): solve the LP relaxation at a tightened budget
+(``0.9 × budget``, then 0.8, 0.7 and 1.0 if nothing fits), then *two-phase rounding*: keep
+``S[t,v] = 1`` where the LP's ``S* > threshold``; start ``R`` from the diagonal, set
+``R[t-1,i] = 1`` wherever a kept value is neither kept nor computed the stage before,
+then walk each stage in reverse order adding the producers of missing inputs — the
+minimal ``R`` that makes ``S`` valid. Thresholds 0.1..0.9 are swept; every candidate is
+checked by the simulator and the cheapest that fits is returned.
+
+Both accept ``coarsen`` (see :mod:`remat.coarsen`): plan over module-level nodes, expand
+back to ops. Plans record the model size, solve status, gap and bound in ``plan.info``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+
+import numpy as np
+
+from ..errors import SolverError, SolverTimeLimitWarning
+from ..graph import Graph
+from ..plan import Plan
+from . import SOLVERS, register
+from .checkmate_model import Formulation, build, decode, schedule_from_R, solution_vector, to_highs
+
+DEFAULT_TIME_LIMIT = 120.0
+WARM_START_SOLVERS = ("store_all", "chen_greedy", "chen_greedy_ap", "chen_sqrt", "chen_sqrt_ap", "revolve", "checkpoint_all")
+
+
+# ------------------------------------------------------------------------------ helpers
+def stages_of(f: Formulation, plan: Plan) -> tuple[set, set] | None:
+    """(R entries, S entries) of a plan whose schedule is frontier-advancing, else None."""
+    R_on: set[tuple[int, int]] = set()
+    S_on: set[tuple[int, int]] = set()
+    stage_start: dict[int, set[int]] = {}
+    frontier = 0
+    resident: set[int] = set()
+    last_in_stage = -1
+    for ins in plan.instructions:
+        if ins.kind == "free":
+            resident.discard(ins.target)
+            continue
+        c = ins.target
+        t = frontier
+        if t not in stage_start:
+            stage_start[t] = set(resident)
+            last_in_stage = -1
+        if c == frontier:
+            frontier += 1
+        elif c < frontier and (t, c) in f.R and c > last_in_stage:
+            R_on.add((t, c))
+        else:
+            return None
+        last_in_stage = c
+        resident.update(plan.graph.nodes[c].outputs)
+    for t, res in stage_start.items():
+        S_on.update((t, v) for v in res if (t, v) in f.S)
+    return R_on, S_on
+
+
+def _plan_from(graph: Graph, f: Formulation, R_on, **kw) -> Plan:
+    forward, backward = schedule_from_R(f, R_on)
+    return Plan.from_schedule(graph, forward, backward, **kw)
+
+
+def _baselines(graph: Graph, budget_bytes: int | None) -> list[Plan]:
+    plans = []
+    for name in WARM_START_SOLVERS:
+        if name in SOLVERS:
+            try:
+                plans.append(SOLVERS[name](graph, budget_bytes))
+            except SolverError:
+                pass
+    return plans
+
+
+def _model_info(f: Formulation) -> dict:
+    binaries = sum(f.integer)
+    return {
+        "variables": f.num_cols,
+        "binaries": binaries,
+        "constraints": f.num_rows,
+        "nonzeros": f.num_nonzeros,
+    }
+
+
+def _solve(h, time_limit: float | None, gap: float, threads: int | None):
+    h.setOptionValue("time_limit", float(time_limit if time_limit is not None else DEFAULT_TIME_LIMIT))
+    h.setOptionValue("mip_rel_gap", float(gap))
+    h.setOptionValue("mip_abs_gap", 1e-9)
+    if threads:
+        h.setOptionValue("threads", int(threads))
+    h.run()
+    return h.getModelStatus(), h.getInfo()
+
+
+def _has_solution(h) -> bool:
+    return h.getInfo().primal_solution_status == 2  # kSolutionStatusFeasible
+
+
+# ------------------------------------------------------------------------------ the MILP
+def solve_milp(
+    graph: Graph,
+    budget_bytes: int | None,
+    *,
+    time_limit: float | None = None,
+    warm_start: bool = True,
+    gap: float = 1e-6,
+    threads: int | None = None,
+) -> Plan:
+    """The optimal (within ``gap``) frontier-advancing plan of ``graph`` under ``budget_bytes``;
+    ``budget_bytes=None``: the plan of smallest peak."""
+    import highspy
+
+    start = time.perf_counter()
+    f = build(graph, budget_bytes)
+    h = to_highs(f)
+    info = {"formulation": _model_info(f)}
+    warm = None
+    if warm_start and budget_bytes is not None:
+        fitting = [p for p in _baselines(graph, budget_bytes) if p.peak_bytes <= budget_bytes]
+        for p in sorted(fitting, key=lambda p: p.compute_seconds):
+            stages = stages_of(f, p)
+            if stages is None:
+                continue
+            x = solution_vector(f, *stages)
+            sol = highspy.HighsSolution()
+            sol.col_value = list(x)
+            sol.value_valid = True
+            if h.setSolution(sol) == highspy.HighsStatus.kOk:
+                warm = p
+                info["warm start"] = f"{p.solver} ({p.overhead * 100:+.1f}%)"
+                break
+    status, hinfo = _solve(h, time_limit, gap, threads)
+    info["build seconds"] = round(time.perf_counter() - start - h.getRunTime(), 3)
+    info["solve seconds"] = round(h.getRunTime(), 3)
+    status_name = h.modelStatusToString(status)
+    if not _has_solution(h):
+        if status == highspy.HighsModelStatus.kInfeasible and budget_bytes is not None:
+            return _smallest_peak(graph, budget_bytes, time_limit, start, gap, threads)
+        if warm is not None:  # cannot happen (HiGHS keeps the warm start), but never return nothing
+            return warm
+        raise SolverError(
+            f"checkmate found no plan for {graph.name!r} within {time_limit or DEFAULT_TIME_LIMIT:.0f} s "
+            f"(HiGHS: {status_name}); raise time_limit, or use solver='checkmate_lp' or a coarser graph"
+        )
+    x = np.asarray(h.getSolution().col_value)
+    R_on, _ = decode(f, x)
+    objective = hinfo.objective_function_value * f.cost_scale + f.constant_cost * (f.budget_col is None)
+    bound = hinfo.mip_dual_bound * f.cost_scale + f.constant_cost * (f.budget_col is None)
+    optimal = status == highspy.HighsModelStatus.kOptimal
+    info.update(
+        status="optimal" if optimal else status_name,
+        gap=float(hinfo.mip_gap) if math.isfinite(hinfo.mip_gap) else None,
+        bound_seconds=bound if budget_bytes is not None else None,
+        objective_seconds=objective if budget_bytes is not None else None,
+    )
+    plan = _plan_from(graph, f, R_on, solver="checkmate", info=info)
+    if not optimal:
+        warnings.warn(
+            f"checkmate stopped at its time limit ({time_limit or DEFAULT_TIME_LIMIT:.0f} s) on {graph.name!r}: "
+            f"returning its best plan, within {100 * (info['gap'] or 0):.2f}% of optimal (HiGHS: {status_name})",
+            SolverTimeLimitWarning,
+            stacklevel=3,
+        )
+    if budget_bytes is not None and plan.peak_bytes > budget_bytes:
+        raise SolverError(  # the model is conservative; this would be a bug
+            f"internal error: checkmate's plan peaks at {plan.peak_bytes} bytes over its budget {budget_bytes}"
+        )
+    return plan
+
+
+def _smallest_peak(graph, budget_bytes, time_limit, start, gap, threads) -> Plan:
+    """No plan fits: return the plan of smallest peak (over budget) so the caller can name it."""
+    left = None if time_limit is None else max(1.0, time_limit - (time.perf_counter() - start))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SolverTimeLimitWarning)
+        plan = solve_milp(graph, None, time_limit=left, warm_start=False, gap=1e-4, threads=threads)
+    plan.info["status"] = f"infeasible at {budget_bytes} bytes; smallest peak shown"
+    return plan
+
+
+@register("checkmate")
+def checkmate(
+    graph: Graph,
+    budget_bytes: int | None,
+    *,
+    time_limit: float | None = None,
+    coarsen=None,
+    warm_start: bool = True,
+    gap: float = 1e-6,
+    threads: int | None = None,
+    **options,
+) -> Plan:
+    if budget_bytes is None:
+        return SOLVERS["store_all"](graph, None)  # nothing to trade: store everything
+    from ..coarsen import planned_on_coarse_graph
+
+    return planned_on_coarse_graph(
+        graph,
+        coarsen,
+        lambda g: solve_milp(g, budget_bytes, time_limit=time_limit, warm_start=warm_start, gap=gap, threads=threads),
+        solver="checkmate",
+    )
+
+
+# ------------------------------------------------------------------------------ LP + rounding
+def two_phase_rounding(f: Formulation, S_star: dict, threshold: float) -> set[tuple[int, int]] | None:
+    """The minimal R that makes ``S = [S* > threshold]`` valid (None if it needs a forbidden R)."""
+    graph = f.graph
+    values, nodes = graph.values, graph.nodes
+    S_on = {key for key, val in S_star.items() if val > threshold}
+    R_on: set[tuple[int, int]] = set()
+
+    def require(t: int, i: int) -> bool:
+        if i == t or (t, i) in R_on:
+            return True
+        if (t, i) not in f.R:
+            return False
+        R_on.add((t, i))
+        return True
+
+    # phase 1: a value kept into stage t is kept into, or computed in, stage t-1
+    for t, v in S_on:
+        p = values[v].producer
+        if t - 1 != p and (t - 1, v) not in S_on and not require(t - 1, p):
+            return None
+    # phase 2: within each stage, in reverse order, compute the producers of missing inputs
+    for t in range(len(f.positions)):
+        for j in range(t, -1, -1):
+            if j != t and (t, j) not in R_on:
+                continue
+            for v in nodes[j].inputs:
+                if (t, v) in f.S and (t, v) not in S_on:
+                    if not require(t, values[v].producer):
+                        return None
+    return R_on
+
+
+def solve_lp_rounding(
+    graph: Graph,
+    budget_bytes: int,
+    *,
+    time_limit: float | None = None,
+    thresholds=tuple(np.round(np.arange(0.1, 0.91, 0.1), 2)),
+    budget_factors=(0.9, 0.8, 0.7, 1.0),
+) -> Plan:
+    start = time.perf_counter()
+    best: Plan | None = None
+    smallest: Plan | None = None
+    tried = 0
+    info: dict = {}
+    for factor in budget_factors:
+        f = build(graph, int(budget_bytes * factor))
+        h = to_highs(f, relax=True)
+        left = None if time_limit is None else max(1.0, time_limit - (time.perf_counter() - start))
+        status, _ = _solve(h, left, 1e-6, None)
+        info = {"formulation": _model_info(f), "lp budget factor": factor, "lp status": h.modelStatusToString(status)}
+        if not _has_solution(h):
+            continue
+        x = np.asarray(h.getSolution().col_value)
+        S_star = {key: x[col] for key, col in f.S.items()}
+        seen = set()
+        for threshold in thresholds:
+            R_on = two_phase_rounding(f, S_star, float(threshold))
+            if R_on is None or frozenset(R_on) in seen:
+                continue
+            seen.add(frozenset(R_on))
+            tried += 1
+            plan = _plan_from(graph, f, R_on, solver="checkmate_lp")
+            plan.info.update(info, threshold=float(threshold))
+            if smallest is None or plan.peak_bytes < smallest.peak_bytes:
+                smallest = plan
+            if plan.peak_bytes <= budget_bytes and (best is None or plan.compute_seconds < best.compute_seconds):
+                best = plan
+        if best is not None:
+            break
+    if best is not None:
+        best.info["roundings tried"] = tried
+        return best
+    if smallest is None:  # even the relaxation is infeasible: the budget is below every plan's peak
+        plan = _smallest_peak(graph, budget_bytes, time_limit, start, 1e-4, None)
+        plan.solver = "checkmate_lp"
+        return plan
+    smallest.info["status"] = "no rounding fits the budget; the smallest peak found is shown"
+    return smallest
+
+
+@register("checkmate_lp")
+def checkmate_lp(graph: Graph, budget_bytes: int | None, *, time_limit: float | None = None, coarsen=None, **options) -> Plan:
+    if budget_bytes is None:
+        return SOLVERS["store_all"](graph, None)
+    from ..coarsen import planned_on_coarse_graph
+
+    return planned_on_coarse_graph(
+        graph, coarsen, lambda g: solve_lp_rounding(g, budget_bytes, time_limit=time_limit, **options), solver="checkmate_lp"
+    )
