@@ -1,9 +1,11 @@
 """From a Graph and a budget to a Plan: budget resolution, solver choice, clear failures.
 
-``solver="auto"`` runs every available solver and keeps the plan with the least
-predicted compute among those within the budget (ties: the smaller peak). A budget no
-plan meets raises :class:`~remat.errors.InfeasibleBudgetError` with the smallest
-budget any solver meets. Plans are cached in-process by (structural hash, costs,
+``solver="auto"`` returns store_all's plan when it fits; otherwise it runs the baselines
+and the Checkmate MILP (coarsened when the graph is large, ``AUTO_TIME_LIMIT`` seconds
+unless ``time_limit`` says otherwise) and keeps the plan with the least predicted compute
+among those within the budget (ties: the smaller peak); solvers that do not apply to the
+graph (``SolverError``, e.g. revolve on a non-chain) are skipped. A budget no plan meets
+raises :class:`~remat.errors.InfeasibleBudgetError` with the smallest budget any solver meets. Plans are cached in-process by (structural hash, costs,
 budget, solver, options).
 """
 
@@ -27,8 +29,21 @@ def _cache_key(graph: Graph, budget_bytes, solver, options) -> tuple:
     return (graph.structural_hash, hash(costs), meta, budget_bytes, solver, tuple(sorted(options.items())))
 
 
+AUTO_TIME_LIMIT = 30.0
+AUTO_EXCLUDED = {"checkmate_lp"}  # an approximation of checkmate, which auto runs anyway
+
+
 def auto_candidates() -> list[str]:
-    return sorted(SOLVERS)
+    return sorted(n for n in SOLVERS if n not in AUTO_EXCLUDED)
+
+
+def _try_solve(name: str, graph: Graph, budget_bytes, time_limit, options, skip_inapplicable: bool) -> Plan | None:
+    try:
+        return solve(name, graph, budget_bytes, time_limit=time_limit, **options)
+    except SolverError:
+        if skip_inapplicable:
+            return None
+        raise
 
 
 def make_plan(graph: Graph, budget=None, solver: str = "auto", *, time_limit: float | None = None, **options) -> Plan:
@@ -45,7 +60,15 @@ def make_plan(graph: Graph, budget=None, solver: str = "auto", *, time_limit: fl
         names = [solver]
     else:
         raise SolverError(f"unknown solver {solver!r}; choose 'auto' or one of {', '.join(sorted(SOLVERS))}")
-    plans = [store_all if n == "store_all" else solve(n, graph, budget_bytes, time_limit=time_limit, **options) for n in names]
+    if solver == "auto" and (budget_bytes is None or store_all.peak_bytes <= budget_bytes):
+        names = ["store_all"]  # fits: nothing is cheaper than computing everything once
+    if solver == "auto" and time_limit is None:
+        time_limit = AUTO_TIME_LIMIT
+    plans = [
+        store_all if n == "store_all" else _try_solve(n, graph, budget_bytes, time_limit, options, solver == "auto")
+        for n in names
+    ]
+    plans = [p for p in plans if p is not None]
     fitting = [p for p in plans if budget_bytes is None or p.peak_bytes <= budget_bytes]
     if not fitting:
         smallest = min(plans, key=lambda p: p.peak_bytes)  # the smallest budget *this* choice meets
@@ -66,5 +89,5 @@ def make_plan(graph: Graph, budget=None, solver: str = "auto", *, time_limit: fl
 def _smallest_feasible(graph: Graph, plans: list[Plan]) -> Plan:
     """The plan with the smallest peak among ``plans`` and every other solver."""
     tried = {p.solver for p in plans}
-    others = [solve(n, graph, None) for n in SOLVERS if n not in tried]
-    return min(plans + others, key=lambda p: p.peak_bytes)
+    others = [_try_solve(n, graph, None, None, {}, True) for n in auto_candidates() if n not in tried]
+    return min(plans + [p for p in others if p is not None], key=lambda p: p.peak_bytes)

@@ -8,7 +8,10 @@
   The smallest peak of the simple strategies, at a compute cost quadratic in depth.
 * ``chen_sqrt`` — Chen et al. (2016): cut the forward order into about √n segments of
   equal compute, keep only the values that cross a cut, and in the backward recompute a
-  segment (once) the first time the backward reads one of its values.
+  segment (once) the first time the backward reads one of its values. Option
+  ``cuts="linear"`` (default: cut anywhere in the topological order) or
+  ``cuts="articulation"`` (cut only after articulation points of the forward graph, so
+  that one value set crosses each cut; registered as ``chen_sqrt_ap`` in :mod:`.chen`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,15 @@ import math
 from ..graph import ACTIVATION, BACKWARD, FORWARD, Graph
 from ..plan import Plan
 from . import register
-from .schedule import backward_with_recomputation, crossing_values
+from .schedule import (
+    allowed_cuts,
+    backward_with_recomputation,
+    check_cuts,
+    crossing_values,
+    equal_cost_cuts,
+    equal_cost_segments,
+    segments_from_cuts,
+)
 
 
 @register("store_all")
@@ -38,26 +49,29 @@ def checkpoint_all(graph: Graph, budget_bytes: int | None, *, time_limit=None, *
     return Plan.from_schedule(graph, [n.id for n in graph.forward_nodes], backward, solver="checkpoint_all")
 
 
-def equal_cost_segments(graph: Graph, count: int) -> dict[int, int]:
-    """Split the forward order into ``count`` runs of about equal compute (node id -> segment)."""
-    fwd = graph.forward_nodes
-    total = sum(max(n.cost, 1e-12) for n in fwd)
-    segment_of, acc = {}, 0.0
-    for n in fwd:
-        segment_of[n.id] = min(count - 1, int(acc / total * count))
-        acc += max(n.cost, 1e-12)
-    return segment_of
-
-
 @register("chen_sqrt")
-def chen_sqrt(graph: Graph, budget_bytes: int | None, *, time_limit=None, segments: int | None = None, **options) -> Plan:
+def chen_sqrt(
+    graph: Graph,
+    budget_bytes: int | None,
+    *,
+    time_limit=None,
+    segments: int | None = None,
+    cuts: str = "linear",
+    **options,
+) -> Plan:
     fwd = graph.forward_nodes
     count = segments or max(1, round(math.sqrt(len(fwd))))
-    segment_of = equal_cost_segments(graph, count)
+    if check_cuts(cuts) == "linear":
+        segment_of = equal_cost_segments(graph, count)
+    else:  # ~count cuts, each after the articulation point nearest an equal-cost target
+        chosen = equal_cost_cuts(graph, count, allowed_cuts(graph, cuts))
+        segment_of = segments_from_cuts(graph, chosen)
+        count = len(chosen) + 1
     kept = crossing_values(graph, segment_of)
     backward = backward_with_recomputation(graph, kept=kept, segment_of=segment_of, drop_after_each_op=False)
     plan = Plan.from_schedule(graph, [n.id for n in fwd], backward, solver="chen_sqrt")
     plan.info["segments"] = count
+    plan.info["cuts"] = cuts
     return plan
 
 

@@ -8,10 +8,14 @@ the backward will read is recomputed together, from the nearest resident values.
 With ``drop_after_each_op`` every recomputed forward value is forgotten after the
 backward op (unless the next op reads it), which gives the smallest peak and the most
 recomputation. Frees are left to :meth:`remat.plan.Plan.from_schedule` (last use).
+
+Also here: where segments may end (:func:`forward_articulation_points`, ``cuts`` =
+``"linear"`` or ``"articulation"``), how to place cuts, and how a sweep picks its plan.
 """
 
 from __future__ import annotations
 
+from ..errors import SolverError
 from ..graph import ACTIVATION, FORWARD, Graph
 
 
@@ -78,3 +82,109 @@ def backward_with_recomputation(
             keep_next = set(bwd[i + 1].inputs) if i + 1 < len(bwd) else set()
             resident = {v for v in resident if not forward_made(v) or v in always or v in keep_next}
     return sequence
+
+
+# ---------------------------------------------------------------------------------- cut points
+CUTS = ("linear", "articulation")
+
+
+def check_cuts(cuts: str) -> str:
+    """Validate the ``cuts`` option of the segment baselines."""
+    if cuts not in CUTS:
+        raise SolverError(
+            f"cuts must be 'linear' (cut anywhere in the forward order) or 'articulation' "
+            f"(cut only after articulation points), got {cuts!r}"
+        )
+    return cuts
+
+
+def forward_articulation_points(graph: Graph) -> list[int]:
+    """Forward nodes after which only their own outputs cross (node ids, in order).
+
+    Node k is an articulation (cut) point when no forward activation produced by a node
+    before k is read by a forward node after k: cutting the forward order right after k,
+    the only values carried over are k's outputs. Parameters and user inputs (kind
+    ``input``) never count, and neither do reads by backward nodes. The last forward node
+    is always one (nothing comes after it).
+
+    >>> # stem, then blocks h -> a -> c -> add(c, h), then a loss
+    >>> [graph.nodes[k].name for k in forward_articulation_points(graph)]
+    ['stem', 'add0', 'add1', 'add2', 'loss']
+    """
+    fwd = graph.forward_nodes
+    pos = {n.id: i for i, n in enumerate(fwd)}
+    last_read: dict[int, int] = {}
+    for i, n in enumerate(fwd):
+        for v in n.inputs:
+            if graph.values[v].kind == ACTIVATION:
+                last_read[v] = i
+    # a value made at position p and last read at r > p + 1 blocks every k with p < k < r
+    blocked = [0] * (len(fwd) + 1)
+    for v, r in last_read.items():
+        p = pos[graph.values[v].producer]
+        if r - p >= 2:
+            blocked[p + 1] += 1
+            blocked[r] -= 1
+    points, run = [], 0
+    for i, n in enumerate(fwd):
+        run += blocked[i]
+        if run == 0:
+            points.append(n.id)
+    return points
+
+
+def allowed_cuts(graph: Graph, cuts: str) -> list[int]:
+    """Forward node ids after which a segment may end (the last forward node excluded)."""
+    fwd = graph.forward_nodes
+    last = fwd[-1].id if fwd else None
+    points = [n.id for n in fwd] if check_cuts(cuts) == "linear" else forward_articulation_points(graph)
+    return [k for k in points if k != last]
+
+
+def segments_from_cuts(graph: Graph, cut_after) -> dict[int, int]:
+    """Forward node id -> segment index, a new segment starting after each node of ``cut_after``."""
+    cut_after = set(cut_after)
+    segment_of, seg = {}, 0
+    for n in graph.forward_nodes:
+        segment_of[n.id] = seg
+        if n.id in cut_after:
+            seg += 1
+    return segment_of
+
+
+def equal_cost_segments(graph: Graph, count: int) -> dict[int, int]:
+    """Split the forward order into ``count`` runs of about equal compute (node id -> segment)."""
+    fwd = graph.forward_nodes
+    total = sum(max(n.cost, 1e-12) for n in fwd)
+    segment_of, acc = {}, 0.0
+    for n in fwd:
+        segment_of[n.id] = min(count - 1, int(acc / total * count))
+        acc += max(n.cost, 1e-12)
+    return segment_of
+
+
+def equal_cost_cuts(graph: Graph, count: int, allowed) -> list[int]:
+    """Up to ``count - 1`` nodes of ``allowed`` splitting the forward into runs of about equal
+    cost: each cut of :func:`equal_cost_segments` moved to the allowed node whose cumulative
+    cost is nearest (so with every node allowed the segments are exactly those)."""
+    allowed = sorted(set(allowed))
+    if count <= 1 or not allowed:
+        return []
+    fwd = graph.forward_nodes
+    cum, acc = {}, 0.0
+    for n in fwd:
+        acc += max(n.cost, 1e-12)
+        cum[n.id] = acc
+    segment_of = equal_cost_segments(graph, count)
+    ideal = [a.id for a, b in zip(fwd, fwd[1:]) if segment_of[b.id] != segment_of[a.id]]
+    return sorted({min(allowed, key=lambda k: (abs(cum[k] - cum[c]), k)) for c in ideal})
+
+
+def cheapest_fitting(plans, budget_bytes: int | None):
+    """The plan a sweep returns: the least compute (then the smallest peak) among the plans
+    within ``budget_bytes`` (all of them when it is None); if none fits, the smallest peak."""
+    plans = list(plans)
+    fitting = [p for p in plans if budget_bytes is None or p.peak_bytes <= budget_bytes]
+    if fitting:
+        return min(fitting, key=lambda p: (p.compute_seconds, p.peak_bytes))
+    return min(plans, key=lambda p: (p.peak_bytes, p.compute_seconds))
