@@ -127,9 +127,13 @@ def solve_milp(
     h = to_highs(f)
     info = {"formulation": _model_info(f)}
     warm = None
-    if warm_start and budget_bytes is not None:
-        fitting = [p for p in _baselines(graph, budget_bytes) if p.peak_bytes <= budget_bytes]
-        for p in sorted(fitting, key=lambda p: p.compute_seconds):
+    if warm_start:
+        if budget_bytes is None:  # smallest peak: start from the baseline plan of smallest peak
+            candidates = sorted(_baselines(graph, 0), key=lambda p: (p.peak_bytes, p.compute_seconds))
+        else:
+            fitting = [p for p in _baselines(graph, budget_bytes) if p.peak_bytes <= budget_bytes]
+            candidates = sorted(fitting, key=lambda p: p.compute_seconds)
+        for p in candidates:
             stages = stages_of(f, p)
             if stages is None:
                 continue
@@ -185,7 +189,7 @@ def _smallest_peak(graph, budget_bytes, time_limit, start, gap, threads) -> Plan
     left = None if time_limit is None else max(1.0, time_limit - (time.perf_counter() - start))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SolverTimeLimitWarning)
-        plan = solve_milp(graph, None, time_limit=left, warm_start=False, gap=1e-4, threads=threads)
+        plan = solve_milp(graph, None, time_limit=left, gap=1e-4, threads=threads)
     plan.info["status"] = f"infeasible at {budget_bytes} bytes; smallest peak shown"
     return plan
 

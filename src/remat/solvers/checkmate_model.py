@@ -30,7 +30,9 @@ What makes the model small (all exact, none cuts off an optimal plan):
   stage and only matter through ``S[t+1]``), and not at all when node ``t`` reads ``v``;
 * a node reading an input that the step mutates is never recomputed in the backward, and a
   node with a forward output only in the backward (the user holds the first copy);
-* the dominance cut ``R[t,i] + S[t,v] ≤ 1`` (never recompute what is kept);
+* dominance cuts, which only remove plans that do useless work: ``R[t,i] + S[t,v] ≤ 1``
+  (never recompute what is kept), ``R[t,i] ≤ Σ later readers R[t,j] + Σ S[t+1,out]`` (a
+  recomputation is read or kept), ``S[t,v] ≤ Σ readers R[t,j] + S[t+1,v]`` (so is a kept value);
 * memory is divided by a power of two (exact in floating point) to keep coefficients near 1,
   costs by their total.
 
@@ -260,6 +262,34 @@ def build(graph: Graph, budget_bytes: int | None, *, dominance_cuts: bool = True
                 for v in nodes[i].outputs:
                     if (t, v) in f.S:
                         f._row(-math.inf, 1.0, {f.R[(t, i)]: 1.0, f.S[(t, v)]: 1.0})
+        if dominance_cuts:
+            # a recomputation is read later in the stage or kept; a kept value is read or kept on
+            for i in pos[:-1]:
+                terms = {f.R[(t, i)]: 1.0}
+                useful = False
+                for v in nodes[i].outputs:
+                    readers = [j for j in users[v] if j in running_nodes and j > i]
+                    if t in readers or v in pinned:
+                        useful = True
+                        break
+                    for j in readers:
+                        terms[f.R[(t, j)]] = terms.get(f.R[(t, j)], 0.0) - 1.0
+                    if (t + 1, v) in f.S:
+                        terms[f.S[(t + 1, v)]] = terms.get(f.S[(t + 1, v)], 0.0) - 1.0
+                if not useful:
+                    f._row(-math.inf, 0.0, terms)
+            for v in variable:
+                if (t, v) not in f.S:
+                    continue
+                readers = [j for j in users[v] if j in running_nodes]
+                if t in readers:
+                    continue
+                terms = {f.S[(t, v)]: 1.0}
+                for j in readers:
+                    terms[f.R[(t, j)]] = -1.0
+                if (t + 1, v) in f.S:
+                    terms[f.S[(t + 1, v)]] = -1.0
+                f._row(-math.inf, 0.0, terms)
         # FREE[t,v,k] for recomputations k < t
         frees_at: dict[int, list[tuple[int, int]]] = {}
         for k in pos[:-1]:
@@ -388,6 +418,20 @@ def solution_vector(f: Formulation, R_on: set[tuple[int, int]], S_on: set[tuple[
                 )
             x[f.U[(t, k)]] = u + mk * on
             prev = k
+    if f.budget_col is not None:  # the smallest budget this solution meets
+        need = max(
+            x[f.U[(t, k)]] + nodes[k].workspace / f.scale * (1.0 if (k == t or (t, k) in R_on) else 0.0)
+            for t, pos in enumerate(f.positions)
+            for k in pos
+        )
+        F = f.num_forward
+        if F < len(f.positions):
+            unused = sum(values[v].bytes for v in f.graph.tangents if not users[v] and v not in f.graph.backward_outputs)
+            boundary = (f.constant_bytes[F] + unused) / f.scale + sum(
+                values[v].bytes / f.scale * x[col] for (s, v), col in f.S.items() if s == F
+            )
+            need = max(need, boundary)
+        x[f.budget_col] = need + f.rng_reserve / f.scale
     return x
 
 
