@@ -199,7 +199,12 @@ def planned_on_coarse_graph(graph: Graph, coarsen, solve: Callable[[Graph], Plan
         plan.solver = solver
         return plan
     coarse = coarsen_graph(graph, level)
-    plan = coarse.expand(solve(coarse.graph), solver=solver)
+    coarse_plan = solve(coarse.graph)
+    plan = coarse.expand(coarse_plan, solver=solver)
+    status = str(plan.info.get("status", ""))
+    if status.startswith("infeasible"):
+        # the coarse model over-states memory: its smallest-peak plan may fit once expanded
+        plan.info["status"] = "smallest peak of the coarse graph (the coarse model found no plan within the budget)"
     return plan
 
 

@@ -15,8 +15,8 @@ then walk each stage in reverse order adding the producers of missing inputs —
 minimal ``R`` that makes ``S`` valid. Thresholds 0.1..0.9 are swept; every candidate is
 checked by the simulator and the cheapest that fits is returned.
 
-Both accept ``coarsen`` (see :mod:`remat.coarsen`): plan over module-level nodes, expand
-back to ops. Plans record the model size, solve status, gap and bound in ``plan.info``.
+Both accept ``coarsen`` (see :mod:`remat.coarsen`; default ``"auto"``: graphs of more than
+``AUTO_MAX_NODES`` ops are planned over module-level nodes and expanded back to ops). Plans record the model size, solve status, gap and bound in ``plan.info``.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def checkmate(
     budget_bytes: int | None,
     *,
     time_limit: float | None = None,
-    coarsen=None,
+    coarsen="auto",
     warm_start: bool = True,
     gap: float = 1e-6,
     threads: int | None = None,
@@ -301,7 +301,7 @@ def solve_lp_rounding(
 
 
 @register("checkmate_lp")
-def checkmate_lp(graph: Graph, budget_bytes: int | None, *, time_limit: float | None = None, coarsen=None, **options) -> Plan:
+def checkmate_lp(graph: Graph, budget_bytes: int | None, *, time_limit: float | None = None, coarsen="auto", **options) -> Plan:
     if budget_bytes is None:
         return SOLVERS["store_all"](graph, None)
     from ..coarsen import planned_on_coarse_graph
