@@ -7,7 +7,8 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from remat import zoo
 
 TRANSFORMERS_MODELS = {"gpt2", "bert", "vit", "llama"}
-REQUIRED = ["mlp", "cnn_bn", "dropout_mlp", "inplace_views", "tied", "two_outputs", "resnet", "gpt2"]
+REQUIRED = ["mlp", "cnn_bn", "dropout_mlp", "inplace_views", "tied", "two_outputs", "resnet", "gpt2",
+            "vgg11", "vgg16", "resnet18", "resnet50", "mobilenet", "unet"]
 
 
 def tiny(name, seed=0):

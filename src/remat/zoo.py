@@ -15,7 +15,8 @@ does not disturb the caller's global RNG state.
 
 Sizes:
 
-- ``tiny``: gradient-equality tests; forward+backward in at most a few milliseconds.
+- ``tiny``: gradient-equality tests; forward+backward in at most a few milliseconds (about 10
+  for ``resnet50``, whose 53 convolutions are mostly per-op overhead at this size).
 - ``small`` (default): memory tests; 30-60 MiB saved for backward, so that allocator noise of
   a few hundred KiB does not matter; a step takes 20-80 ms on two CPU cores.
 - ``medium``: benchmarks; 120-250 MiB saved for backward; a step takes 0.1-0.4 s.
@@ -52,6 +53,24 @@ two_outputs    medium        120.0       143.9     330.5
 resnet         tiny            0.2           -       2.0
 resnet         small          33.5        35.1      24.3
 resnet         medium        190.0       196.3     125.5
+vgg11          tiny            0.2           -       1.5
+vgg11          small          45.1        48.9      43.9
+vgg11          medium        180.4       196.2     291.9
+vgg16          tiny            0.4           -       3.1
+vgg16          small          45.3        48.9      50.3
+vgg16          medium        181.2       195.5     333.0
+resnet18       tiny            0.1           -       3.2
+resnet18       small          53.8        55.5      39.6
+resnet18       medium        215.3       222.0     230.3
+resnet50       tiny            0.2           -       9.9
+resnet50       small          53.2        55.9      42.6
+resnet50       medium        212.9       223.5     155.0
+mobilenet      tiny            0.4           -       4.2
+mobilenet      small          50.4        52.2      24.7
+mobilenet      medium        201.3       209.1     131.5
+unet           tiny            0.6           -       3.9
+unet           small          40.8        51.4      30.8
+unet           medium        163.3       188.2     130.5
 gpt2           tiny            2.4           -       2.8
 gpt2           small          47.5        55.3      33.0
 gpt2           medium        227.0       242.5     152.6
@@ -79,6 +98,24 @@ Models:
 - ``two_outputs``: returns ``(logits, features)``; ``features`` is also the head's input.
   ``Example.loss`` weights them 1.0 and 0.5.
 - ``resnet``: CIFAR-style ResNet of basic blocks (conv-BN-ReLU, BN, shortcut), three stages.
+- ``vgg11``, ``vgg16``, ``resnet18``, ``resnet50``, ``mobilenet``, ``unet``: the CNNs of
+  Checkmate's (Jain et al., 2020) Table 2, written here (no torchvision) with the channel counts
+  scaled down by a width multiplier and small images (32 or 64 px):
+
+  - ``vgg11``, ``vgg16``: VGG configurations A and D, conv3x3+ReLU stacks without BatchNorm and
+    five 2x2 max-pools (32 px images end at 1x1), then a Linear+ReLU, Linear+ReLU, Linear head
+    without dropout. First-layer width 8 / 16 / 32 (64 in the paper).
+  - ``resnet18``, ``resnet50``: ImageNet-style ResNets (7x7 stride-2 conv, BN, ReLU, max-pool;
+    stages of [2, 2, 2, 2] basic blocks or [3, 4, 6, 3] bottleneck blocks with expansion 4,
+    1x1 conv+BN projection shortcuts; average pool; Linear). Stem width 8 / 16 / 32 for
+    ``resnet18``, 4 / 16 / 32 for ``resnet50`` (64 in the paper).
+  - ``mobilenet``: MobileNet v1, a 3x3 stride-2 conv then 13 depthwise 3x3 + pointwise 1x1
+    pairs (each conv followed by BN+ReLU) with the paper's stride pattern, average pool, Linear.
+    Stem width 8 / 16 / 32 (32 in the paper: medium is the full-width network).
+  - ``unet``: U-Net with padded convs: four down levels of double conv3x3+BN+ReLU and a max-pool,
+    a bottleneck double conv, four up levels (2x2 stride-2 ``ConvTranspose2d``, concatenation
+    with the skip, double conv), a 1x1 output conv; returns the ``(batch, 2, H, W)`` map, whose
+    sum is the loss. First-level width 4 / 8 / 16 (64 in the paper).
 - ``gpt2``, ``bert``, ``vit``, ``llama``: ``transformers`` models built from configs (random
   weights, default dropout kept), wrapped in :class:`LossOnly` so the output is the scalar
   loss computed from ``labels``. Need the ``transformers`` package (``pip install remat[models]``).
@@ -309,6 +346,184 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.layers(self.stem(x)), 1), 1))
 
 
+# Checkmate's (Jain et al., 2020) Table 2 CNNs, at a width multiplier: ``width`` is the channel
+# count of the first layer, which the paper's models have at 64 (VGG, ResNet, U-Net) or 32
+# (MobileNet); every later layer keeps its ratio to it.
+
+_VGG_CONFIGS = {  # Simonyan & Zisserman, configurations A and D; "M" is a 2x2 max-pool
+    "vgg11": (1, "M", 2, "M", 4, 4, "M", 8, 8, "M", 8, 8, "M"),
+    "vgg16": (1, 1, "M", 2, 2, "M", 4, 4, 4, "M", 8, 8, 8, "M", 8, 8, 8, "M"),
+}
+
+
+class VGG(nn.Module):
+    """Conv3x3+ReLU stacks (no BatchNorm) separated by max-pools, then Linear+ReLU, Linear+ReLU,
+    Linear (no dropout). ``layers`` lists channel multiples of ``width`` and "M" for pools;
+    ``image`` must halve to 1 at the last pool (32 for five pools)."""
+
+    def __init__(self, layers: tuple, width: int, hidden: int, classes: int = 10, c_in: int = 3):
+        super().__init__()
+        features: list[nn.Module] = []
+        c = c_in
+        for item in layers:
+            if item == "M":
+                features.append(nn.MaxPool2d(2))
+            else:
+                features += [nn.Conv2d(c, item * width, 3, padding=1), nn.ReLU(inplace=True)]
+                c = item * width
+        self.features = nn.Sequential(*features)
+        self.classifier = nn.Sequential(
+            nn.Linear(c, hidden), nn.ReLU(inplace=True),
+            nn.Linear(hidden, hidden), nn.ReLU(inplace=True),
+            nn.Linear(hidden, classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+class Bottleneck(nn.Module):
+    """ResNet-50 block: 1x1 reduce, 3x3 (carrying the stride), 1x1 expand by 4, each with BN;
+    a 1x1 conv+BN projection shortcut when the shape changes."""
+
+    expansion = 4
+
+    def __init__(self, c_in: int, planes: int, stride: int):
+        super().__init__()
+        c_out = planes * self.expansion
+        self.conv1 = nn.Conv2d(c_in, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, c_out, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(c_out)
+        self.relu = nn.ReLU(inplace=True)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + self.shortcut(x))
+
+
+class ImageNetResNet(nn.Module):
+    """ImageNet-style ResNet: 7x7 stride-2 conv+BN+ReLU and a 3x3 stride-2 max-pool, four
+    stages of ``blocks`` (:class:`BasicBlock` or :class:`Bottleneck`) at widths ``width`` x
+    1, 2, 4, 8 (strides 1, 2, 2, 2), global average pool, Linear."""
+
+    def __init__(self, block: type, blocks: tuple[int, ...], width: int, classes: int = 10):
+        super().__init__()
+        expansion = getattr(block, "expansion", 1)
+        self.conv1 = nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+        c = width
+        for i, n in enumerate(blocks):
+            planes = width * 2**i
+            stage = []
+            for j in range(n):
+                stage.append(block(c, planes, 2 if (i > 0 and j == 0) else 1))
+                c = planes * expansion
+            setattr(self, f"layer{i + 1}", nn.Sequential(*stage))
+        self.stages = len(blocks)
+        self.fc = nn.Linear(c, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        for i in range(self.stages):
+            x = getattr(self, f"layer{i + 1}")(x)
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+# MobileNet v1 (Howard et al., 2017): (output channels as a multiple of the stem's, stride) of
+# its 13 depthwise-separable layers.
+_MOBILENET_LAYERS = (
+    (2, 1), (4, 2), (4, 1), (8, 2), (8, 1), (16, 2),
+    (16, 1), (16, 1), (16, 1), (16, 1), (16, 1), (32, 2), (32, 1),
+)
+
+
+def _depthwise_separable(c_in: int, c_out: int, stride: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(c_in, c_in, 3, stride=stride, padding=1, groups=c_in, bias=False),
+        nn.BatchNorm2d(c_in),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(c_in, c_out, 1, bias=False),
+        nn.BatchNorm2d(c_out),
+        nn.ReLU(inplace=True),
+    )
+
+
+class MobileNet(nn.Module):
+    """MobileNet v1: a 3x3 stride-2 conv+BN+ReLU with ``width`` channels (32 in the paper),
+    13 depthwise 3x3 + pointwise 1x1 pairs (each with BN+ReLU), global average pool, Linear."""
+
+    def __init__(self, width: int, classes: int = 10):
+        super().__init__()
+        layers, c = [_conv_bn(3, width, stride=2, inplace=True)], width
+        for multiple, stride in _MOBILENET_LAYERS:
+            layers.append(_depthwise_separable(c, multiple * width, stride))
+            c = multiple * width
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(c, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+def _double_conv(c_in: int, c_out: int) -> nn.Sequential:
+    return nn.Sequential(_conv_bn(c_in, c_out, inplace=True), _conv_bn(c_out, c_out, inplace=True))
+
+
+class UNetUp(nn.Module):
+    """2x2 stride-2 transposed conv halving the channels, concatenation with the skip, double conv."""
+
+    def __init__(self, c_in: int, c_out: int):
+        super().__init__()
+        self.up = nn.ConvTranspose2d(c_in, c_out, 2, stride=2)
+        self.conv = _double_conv(2 * c_out, c_out)
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        return self.conv(torch.cat([skip, self.up(x)], dim=1))
+
+
+class UNet(nn.Module):
+    """U-Net (Ronneberger et al., 2015) with padded convs: ``levels`` down levels of double
+    conv3x3+BN+ReLU and a 2x2 max-pool (widths ``width`` x 1, 2, 4, 8), a bottleneck double
+    conv, as many :class:`UNetUp` levels, and a 1x1 output conv. The image side must divide
+    by ``2**levels``; the output is a ``(batch, classes, H, W)`` map."""
+
+    def __init__(self, width: int, levels: int = 4, classes: int = 2, c_in: int = 3):
+        super().__init__()
+        widths = [width * 2**i for i in range(levels + 1)]
+        self.down = nn.ModuleList()
+        c = c_in
+        for w in widths[:-1]:
+            self.down.append(_double_conv(c, w))
+            c = w
+        self.pool = nn.MaxPool2d(2)
+        self.bottleneck = _double_conv(c, widths[-1])
+        self.up = nn.ModuleList(UNetUp(widths[i + 1], widths[i]) for i in reversed(range(levels)))
+        self.out = nn.Conv2d(width, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skips = []
+        for down in self.down:
+            x = down(x)
+            skips.append(x)
+            x = self.pool(x)
+        x = self.bottleneck(x)
+        for up, skip in zip(self.up, reversed(skips)):
+            x = up(x, skip)
+        return self.out(x)
+
+
 class LossOnly(nn.Module):
     """Wraps a ``transformers`` model called with ``labels``; returns only its scalar loss
     (``return_dict=False`` puts it first), so the logits are not a graph output."""
@@ -410,6 +625,69 @@ def _two_outputs(batch, d_in, width, depth):
 )
 def _resnet(batch, image, width, blocks):
     return ResNet(width, blocks), (torch.randn(batch, 3, image, image),), {}
+
+
+def _vgg(name: str):
+    def builder(batch, image, width, hidden):
+        return VGG(_VGG_CONFIGS[name], width, hidden), (torch.randn(batch, 3, image, image),), {}
+
+    return builder
+
+
+_register(
+    "vgg11",
+    tiny=dict(batch=2, image=32, width=8, hidden=64),
+    small=dict(batch=192, image=32, width=16, hidden=128),
+    medium=dict(batch=384, image=32, width=32, hidden=256),
+)(_vgg("vgg11"))
+_register(
+    "vgg16",
+    tiny=dict(batch=2, image=32, width=8, hidden=64),
+    small=dict(batch=128, image=32, width=16, hidden=128),
+    medium=dict(batch=256, image=32, width=32, hidden=256),
+)(_vgg("vgg16"))
+
+
+@_register(
+    "resnet18",
+    tiny=dict(batch=2, image=32, width=8),
+    small=dict(batch=128, image=64, width=16),
+    medium=dict(batch=256, image=64, width=32),
+)
+def _resnet18(batch, image, width):
+    model = ImageNetResNet(BasicBlock, (2, 2, 2, 2), width)
+    return model, (torch.randn(batch, 3, image, image),), {}
+
+
+@_register(
+    "resnet50",
+    tiny=dict(batch=2, image=32, width=4),
+    small=dict(batch=32, image=64, width=16),
+    medium=dict(batch=64, image=64, width=32),
+)
+def _resnet50(batch, image, width):
+    model = ImageNetResNet(Bottleneck, (3, 4, 6, 3), width)
+    return model, (torch.randn(batch, 3, image, image),), {}
+
+
+@_register(
+    "mobilenet",
+    tiny=dict(batch=2, image=32, width=8),
+    small=dict(batch=32, image=64, width=16),
+    medium=dict(batch=64, image=64, width=32),
+)
+def _mobilenet(batch, image, width):
+    return MobileNet(width), (torch.randn(batch, 3, image, image),), {}
+
+
+@_register(
+    "unet",
+    tiny=dict(batch=2, image=32, width=4),
+    small=dict(batch=16, image=64, width=8),
+    medium=dict(batch=32, image=64, width=16),
+)
+def _unet(batch, image, width):
+    return UNet(width), (torch.randn(batch, 3, image, image),), {}
 
 
 def _transformers():
