@@ -8,7 +8,7 @@
 
 from . import backend as _backend  # noqa: F401  (registers the "remat" torch.compile backend)
 from .api import RematModule, capture_and_plan, optimize, plan
-from .errors import CaptureError, InfeasibleBudgetError, InvalidPlanError, RematError, SolverError
+from .errors import CaptureError, InfeasibleBudgetError, InvalidPlanError, RematError, SolverError, SolverTimeLimitWarning
 from .graph import Graph
 from .measure import StepMeasurement, measure_step
 from .plan import Plan, simulate
@@ -30,5 +30,6 @@ __all__ = [
     "CaptureError",
     "InvalidPlanError",
     "SolverError",
+    "SolverTimeLimitWarning",
 ]
 __version__ = "0.1.0"
