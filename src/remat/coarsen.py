@@ -4,7 +4,9 @@ A full-graph MILP grows with the square of the node count; a captured CNN has se
 ops per layer. :func:`coarsen_graph` groups them:
 
 * forward: maximal runs of consecutive forward ops whose module path, cut to ``depth``
-  components (``"module"``: the whole innermost path), is the same;
+  components (``"module"``: the whole innermost path), is the same; level ``(depth, k)``
+  merges every ``k`` consecutive runs into one group; an op that reads an input the step
+  mutates (never recomputed in the backward) is a group of its own;
 * backward: each op joins the group of the newest forward value it reads (ops that read
   none join their predecessor's group); consecutive ops of one group form a node.
 
@@ -55,19 +57,41 @@ def _module_key(module: str, depth) -> str:
     return ".".join(parts[: 1 + int(depth)])  # the first part is the root ("L['model']")
 
 
-def group_nodes(graph: Graph, depth) -> list[list[int]]:
+def _split_level(level) -> tuple[object, int]:
+    """``"module"``, an int depth, or ``(depth, k)``: k consecutive groups of that depth merged."""
+    if isinstance(level, tuple):
+        return level[0], int(level[1])
+    return level, 1
+
+
+def group_nodes(graph: Graph, level) -> list[list[int]]:
     """Consecutive node runs per the rules in the module docstring."""
     values, nodes = graph.values, graph.nodes
-    groups: list[list[int]] = []
-    group_of: dict[int, int] = {}
+    depth, merge = _split_level(level)
+    runs: list[list[int]] = []
     key_prev = None
     for node in graph.forward_nodes:
         key = _module_key(node.module, depth)
-        if not groups or key != key_prev:
-            groups.append([])
-        groups[-1].append(node.id)
-        group_of[node.id] = len(groups) - 1
+        if not runs or key != key_prev:
+            runs.append([])
+        runs[-1].append(node.id)
         key_prev = key
+    merged = [sum(runs[i : i + merge], []) for i in range(0, len(runs), merge)]
+    # an op that reads an input the step mutates (a BatchNorm's batch counter) can never be
+    # recomputed in the backward; alone, it does not pin the rest of its group
+    pinned = set(graph.meta.get("no_backward_recompute", ()))
+    groups = []
+    for members in merged:
+        current: list[int] = []
+        for nid in members:
+            if nid in pinned:
+                groups.extend([current] if current else [])
+                groups.append([nid])
+                current = []
+            else:
+                current.append(nid)
+        groups.extend([current] if current else [])
+    group_of = {nid: g for g, members in enumerate(groups) for nid in members}
     key_prev = None
     for node in graph.backward_nodes:
         producers = [values[v].producer for v in node.inputs if values[v].producer is not None]
@@ -171,24 +195,25 @@ def _group_workspace(graph: Graph, members: list[int], escaping: set[int]) -> in
 def resolve_level(graph: Graph, coarsen) -> object | None:
     """The depth to coarsen at: None (not at all), "module", or an int.
 
-    ``"auto"``: none for graphs of at most ``AUTO_MAX_NODES`` nodes, else the finest level
-    that brings the graph under that size (the coarsest tried if none does).
+    ``"auto"``: none for graphs of at most ``AUTO_MAX_NODES`` nodes, else module-level groups,
+    merged ``k`` consecutive forward groups at a time with the smallest ``k`` that brings the
+    graph under that size.
     """
     if coarsen in (None, False, "none"):
         return None
-    if coarsen in ("module",) or isinstance(coarsen, int) and not isinstance(coarsen, bool):
+    if coarsen in ("module",) or isinstance(coarsen, (int, tuple)) and not isinstance(coarsen, bool):
         return coarsen
     if coarsen != "auto":
         raise SolverError(f"unknown coarsen option {coarsen!r}; use None, 'auto', 'module' or a module depth (int)")
     if len(graph.nodes) <= AUTO_MAX_NODES:
         return None
-    depths = max((n.module.count(".") for n in graph.forward_nodes), default=0)
-    last = None
-    for level in ["module", *range(depths, 0, -1)]:
-        last = level
-        if len(group_nodes(graph, level)) <= AUTO_MAX_NODES:
-            return level
-    return last
+    sizes = {}
+    for merge in range(1, 17):
+        sizes[merge] = len(group_nodes(graph, ("module", merge)))
+        if sizes[merge] <= AUTO_MAX_NODES:
+            break
+    merge = min(sizes, key=lambda k: (sizes[k] > AUTO_MAX_NODES, sizes[k] if sizes[k] > AUTO_MAX_NODES else k))
+    return "module" if merge == 1 else ("module", merge)
 
 
 def planned_on_coarse_graph(graph: Graph, coarsen, solve: Callable[[Graph], Plan], *, solver: str) -> Plan:
