@@ -40,7 +40,7 @@ BASELINES = ("checkpoint_all", "chen_sqrt", "chen_sqrt_ap", "chen_greedy", "chen
 TABLE2_MODELS = (("vgg16", "small"), ("resnet50", "small"), ("mobilenet", "small"), ("unet", "small"))
 TIMING_MODELS = (("resnet18", "small"), ("vgg11", "small"))
 MEASURE_MODEL = ("vgg11", "small")
-MEASURE_FRACTION = 0.6
+MEASURE_FRACTION = 0.8
 
 
 def graph_of(name: str, size: str):

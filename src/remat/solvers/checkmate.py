@@ -1,7 +1,7 @@
 """Checkmate's planners: the optimal MILP (``checkmate``) and LP rounding (``checkmate_lp``).
 
 ``checkmate`` solves the MILP of :mod:`remat.solvers.checkmate_model` with HiGHS:
-warm-started from the cheapest baseline plan that fits, stopped at ``time_limit``
+warm-started from the cheapest plan that fits among the baselines and LP rounding, stopped at ``time_limit``
 (then the best plan found is returned with its MIP gap and a
 :class:`~remat.errors.SolverTimeLimitWarning`). When no plan fits, the same model with
 the budget as a variable finds the smallest feasible peak, and that plan is returned
@@ -115,6 +115,7 @@ def solve_milp(
     *,
     time_limit: float | None = None,
     warm_start: bool = True,
+    lp_warm_start: bool = True,
     gap: float = 1e-6,
     threads: int | None = None,
 ) -> Plan:
@@ -131,7 +132,15 @@ def solve_milp(
         if budget_bytes is None:  # smallest peak: start from the baseline plan of smallest peak
             candidates = sorted(_baselines(graph, 0), key=lambda p: (p.peak_bytes, p.compute_seconds))
         else:
-            fitting = [p for p in _baselines(graph, budget_bytes) if p.peak_bytes <= budget_bytes]
+            plans = _baselines(graph, budget_bytes)
+            if lp_warm_start:  # LP rounding often lands far closer to the optimum than any baseline
+                try:
+                    plans.append(
+                        solve_lp_rounding(graph, budget_bytes, time_limit=time_limit, budget_factors=(0.9, 1.0), fallback=False)
+                    )
+                except SolverError:
+                    pass
+            fitting = [p for p in plans if p.peak_bytes <= budget_bytes]
             candidates = sorted(fitting, key=lambda p: p.compute_seconds)
         for p in candidates:
             stages = stages_of(f, p)
@@ -145,8 +154,9 @@ def solve_milp(
                 warm = p
                 info["warm start"] = f"{p.solver} ({p.overhead * 100:+.1f}%)"
                 break
-    status, hinfo = _solve(h, time_limit, gap, threads)
-    info["build seconds"] = round(time.perf_counter() - start - h.getRunTime(), 3)
+    limit = time_limit if time_limit is not None else DEFAULT_TIME_LIMIT
+    status, hinfo = _solve(h, max(1.0, limit - (time.perf_counter() - start)), gap, threads)
+    info["setup seconds"] = round(time.perf_counter() - start - h.getRunTime(), 3)
     info["solve seconds"] = round(h.getRunTime(), 3)
     status_name = h.modelStatusToString(status)
     if not _has_solution(h):
@@ -258,6 +268,7 @@ def solve_lp_rounding(
     time_limit: float | None = None,
     thresholds=tuple(np.round(np.arange(0.1, 0.91, 0.1), 2)),
     budget_factors=(0.9, 0.8, 0.7, 1.0),
+    fallback: bool = True,
 ) -> Plan:
     start = time.perf_counter()
     best: Plan | None = None
@@ -292,6 +303,8 @@ def solve_lp_rounding(
     if best is not None:
         best.info["roundings tried"] = tried
         return best
+    if smallest is None and not fallback:
+        raise SolverError(f"checkmate_lp: the LP relaxation is infeasible at {budget_bytes} bytes")
     if smallest is None:  # even the relaxation is infeasible: the budget is below every plan's peak
         plan = _smallest_peak(graph, budget_bytes, time_limit, start, 1e-4, None)
         plan.solver = "checkmate_lp"
