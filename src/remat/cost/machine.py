@@ -90,8 +90,8 @@ def machine_roofline(device: torch.device | str = "cpu", *, refresh: bool = Fals
     ``refresh=True`` measures again and overwrites the cache entry.
     """
     dev = _normalize_device(device)
-    key = _cache_key(dev)
-    path = cache_dir() / f"roofline-{_key_hash(key)}.json"
+    key = cache_key(dev)
+    path = cache_dir() / f"roofline-{key_hash(key)}.json"
     memo_key = str(path)
     with _LOCK:
         if not refresh:
@@ -150,17 +150,19 @@ def _device_name(dev: torch.device) -> str:
     return _cpu_name()
 
 
-def _cache_key(dev: torch.device) -> dict:
+def cache_key(dev: torch.device, method_version: int = _METHOD_VERSION) -> dict:
+    """What a cached measurement on ``dev`` depends on (device, threads, torch, method)."""
     return {
         "device_type": dev.type,
         "device_name": _device_name(dev),
         "num_threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
-        "method_version": _METHOD_VERSION,
+        "method_version": method_version,
     }
 
 
-def _key_hash(key: dict) -> str:
+def key_hash(key: dict) -> str:
+    """A short stable hash of a cache key, for file names."""
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -192,12 +194,18 @@ def _store(path: Path, key: dict, roofline: Roofline, elapsed: float) -> None:
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "measurement_seconds": round(elapsed, 3),
     }
+    write_json_atomic(path, data, "its roofline cache", "the measurement will be repeated in the next process")
+
+
+def write_json_atomic(path: Path, data: dict, what: str, consequence: str) -> None:
+    """Write ``data`` to ``path`` via a temporary file and ``os.replace`` (readers never see half
+    a file); on failure warn, naming ``what`` could not be written and its ``consequence``."""
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
+            json.dump(data, f, indent=1, sort_keys=True)
             f.write("\n")
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; the cache is not secret
         os.replace(tmp, path)
@@ -208,10 +216,10 @@ def _store(path: Path, key: dict, roofline: Roofline, elapsed: float) -> None:
             except OSError:
                 pass
         warnings.warn(
-            f"remat could not write its roofline cache {path} ({e}); the measurement will be "
-            f"repeated in the next process. Set XDG_CACHE_HOME to a writable directory.",
+            f"remat could not write {what} {path} ({e}); {consequence}. "
+            f"Set XDG_CACHE_HOME to a writable directory.",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
 
 

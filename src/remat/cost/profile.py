@@ -44,12 +44,10 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 import statistics
-import tempfile
 import threading
 import time
 import warnings
@@ -163,7 +161,7 @@ class ProfileCostModel:
         self._fallback = fallback
         self.key = _cache_key(self.device)
         base = Path(cache_dir) if cache_dir is not None else machine.cache_dir()
-        self.path = base / f"profile-{_key_hash(self.key)}.json"
+        self.path = base / f"profile-{machine.key_hash(self.key)}.json"
 
     def node_seconds(self, node: fx.Node) -> float:
         """Measured (or cached) seconds of one node."""
@@ -280,26 +278,7 @@ class ProfileCostModel:
         for sig, seconds in self._load(warn=False).items():
             memo.setdefault(sig, seconds)
         data = {"key": self.key, "seconds": dict(sorted(memo.items()))}
-        tmp = None
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.stem}-", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1)
-                f.write("\n")
-            os.chmod(tmp, 0o644)  # mkstemp creates 0600; the cache is not secret
-            os.replace(tmp, self.path)
-        except OSError as e:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-            warnings.warn(
-                f"remat could not write its profile cache {self.path} ({e}); ops will be timed "
-                "again in the next process. Set XDG_CACHE_HOME to a writable directory.",
-                RuntimeWarning, stacklevel=4,
-            )
+        machine.write_json_atomic(self.path, data, "its profile cache", "ops will be timed again in the next process")
 
     def __repr__(self) -> str:
         return f"ProfileCostModel({self.key['device_name']!r}, cache={str(self.path)!r})"
@@ -308,14 +287,7 @@ class ProfileCostModel:
 def _cache_key(dev: torch.device) -> dict:
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    return {
-        "device_type": dev.type,
-        "device_name": machine._device_name(dev) if dev.type in ("cpu", "cuda") else str(dev),
-        "num_threads": torch.get_num_threads(),
-        "torch_version": torch.__version__,
-        "method_version": _METHOD_VERSION,
-    }
-
-
-def _key_hash(key: dict) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    key = machine.cache_key(dev, _METHOD_VERSION)
+    if dev.type not in ("cpu", "cuda"):
+        key["device_name"] = str(dev)
+    return key
