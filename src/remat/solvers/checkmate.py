@@ -105,7 +105,9 @@ def _solve(h, time_limit: float | None, gap: float, threads: int | None):
 
 
 def _has_solution(h) -> bool:
-    return h.getInfo().primal_solution_status == 2  # kSolutionStatusFeasible
+    import highspy
+
+    return h.getInfo().primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
 
 
 # ------------------------------------------------------------------------------ the MILP
@@ -170,14 +172,13 @@ def solve_milp(
         )
     x = np.asarray(h.getSolution().col_value)
     R_on, _ = decode(f, x)
-    objective = hinfo.objective_function_value * f.cost_scale + f.constant_cost * (f.budget_col is None)
-    bound = hinfo.mip_dual_bound * f.cost_scale + f.constant_cost * (f.budget_col is None)
+    minimising_cost = budget_bytes is not None  # else the objective is the peak
     optimal = status == highspy.HighsModelStatus.kOptimal
     info.update(
         status="optimal" if optimal else status_name,
         gap=float(hinfo.mip_gap) if math.isfinite(hinfo.mip_gap) else None,
-        bound_seconds=bound if budget_bytes is not None else None,
-        objective_seconds=objective if budget_bytes is not None else None,
+        bound_seconds=hinfo.mip_dual_bound * f.cost_scale + f.constant_cost if minimising_cost else None,
+        objective_seconds=hinfo.objective_function_value * f.cost_scale + f.constant_cost if minimising_cost else None,
     )
     plan = _plan_from(graph, f, R_on, solver="checkmate", info=info)
     if not optimal:

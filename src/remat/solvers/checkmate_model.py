@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..graph import ACTIVATION, BACKWARD, FORWARD, TANGENT, Graph
+from ..graph import ACTIVATION, FORWARD, Graph
 
 
 @dataclass
@@ -69,6 +69,8 @@ class Formulation:
     cost_scale: float = 1.0
     rng_reserve: int = 0
     budget_col: int | None = None  # the budget as a variable (peak minimisation)
+    u_rows: dict[int, int] = field(default_factory=dict)  # U column -> the equality row defining it
+    memory_rows: list[int] = field(default_factory=list)  # rows bounding memory by the budget
     # the model
     col_cost: list[float] = field(default_factory=list)
     col_lower: list[float] = field(default_factory=list)
@@ -330,11 +332,13 @@ def build(graph: Graph, budget_bytes: int | None, *, dominance_cuts: bool = True
                 terms[f.U[(t, prev)]] = -1.0
                 for v, col in frees_at.get(prev, ()):
                     terms[col] = terms.get(col, 0.0) + values[v].bytes / scale
+            f.u_rows[u] = f.num_rows
             f._row(const, const, terms)  # U - (…) == const
             ws = nodes[k].workspace / scale
             bound = {u: 1.0} if rk is None else {u: 1.0, rk: ws}
             if f.budget_col is not None:
                 bound[f.budget_col] = -1.0
+            f.memory_rows.append(f.num_rows)
             f._row(-math.inf, cap - ws if rk is None else cap, bound)
             prev = k
     # ---- the boundary: every tangent arrives while the forward's kept values are resident
@@ -345,6 +349,7 @@ def build(graph: Graph, budget_bytes: int | None, *, dominance_cuts: bool = True
         terms = {f.S[(t, v)]: values[v].bytes / scale for v in variable if (t, v) in f.S}
         if f.budget_col is not None:
             terms[f.budget_col] = -1.0
+        f.memory_rows.append(f.num_rows)
         f._row(-math.inf, cap - const, terms)
     return f
 
@@ -401,37 +406,15 @@ def solution_vector(f: Formulation, R_on: set[tuple[int, int]], S_on: set[tuple[
         if any(k < j and (t, j) in R_on for j in users[v]):
             continue
         x[col] = 1.0
-    # U from the equality rows: solve them in order (each row defines one U)
-    values, nodes = f.graph.values, f.graph.nodes
-    for t, pos in enumerate(f.positions):
-        prev = None
-        for k in pos:
-            mk = sum(values[v].bytes for v in nodes[k].outputs) / f.scale
-            on = 1.0 if (k == t or (t, k) in R_on) else 0.0
-            if prev is None:
-                u = f.constant_bytes[t] / f.scale + sum(
-                    values[v].bytes / f.scale * x[col] for (s, v), col in f.S.items() if s == t
-                )
-            else:
-                u = x[f.U[(t, prev)]] - sum(
-                    values[v].bytes / f.scale * x[col] for (s, v, kk), col in f.FREE.items() if s == t and kk == prev
-                )
-            x[f.U[(t, k)]] = u + mk * on
-            prev = k
-    if f.budget_col is not None:  # the smallest budget this solution meets
-        need = max(
-            x[f.U[(t, k)]] + nodes[k].workspace / f.scale * (1.0 if (k == t or (t, k) in R_on) else 0.0)
-            for t, pos in enumerate(f.positions)
-            for k in pos
+    # each U is defined by one equality row over earlier columns: evaluate the rows in order
+    for u in sorted(f.U.values()):
+        r = f.u_rows[u]
+        x[u] = f.row_lower[r] - sum(a * x[c] for c, a in zip(f.row_index[r], f.row_value[r]) if c != u)
+    if f.budget_col is not None:  # the smallest budget this solution meets: the tightest memory row
+        x[f.budget_col] = max(
+            sum(a * x[c] for c, a in zip(f.row_index[r], f.row_value[r]) if c != f.budget_col) - f.row_upper[r]
+            for r in f.memory_rows
         )
-        F = f.num_forward
-        if F < len(f.positions):
-            unused = sum(values[v].bytes for v in f.graph.tangents if not users[v] and v not in f.graph.backward_outputs)
-            boundary = (f.constant_bytes[F] + unused) / f.scale + sum(
-                values[v].bytes / f.scale * x[col] for (s, v), col in f.S.items() if s == F
-            )
-            need = max(need, boundary)
-        x[f.budget_col] = need + f.rng_reserve / f.scale
     return x
 
 
@@ -442,4 +425,4 @@ def decode(f: Formulation, x) -> tuple[set[tuple[int, int]], set[tuple[int, int]
     return R_on, S_on
 
 
-__all__ = ["Formulation", "build", "to_highs", "schedule_from_R", "solution_vector", "decode", "BACKWARD", "TANGENT"]
+__all__ = ["Formulation", "build", "to_highs", "schedule_from_R", "solution_vector", "decode"]
