@@ -272,6 +272,11 @@ def capture_joint(
 
     fwd_vals = [out_value(x) for x in fwd_outputs]
     bwd_vals = [out_value(x) for x in bwd_outputs]
+    # the joint graph returns one gradient per primal (None where it needs none)
+    grad_inputs = (
+        sorted(value_id[p] for p, g in zip(primals, bwd_outputs) if g is not None and p in value_id)
+        if len(bwd_outputs) == len(primals) else None
+    )
     device = next(iter(devices)) if devices else torch.device("cpu")
     graph = builder.build(
         forward_outputs=[v for v in fwd_vals if v is not None],
@@ -281,6 +286,7 @@ def capture_joint(
             "device": str(device),
             "mutated_inputs": sorted(mutated),
             "no_backward_recompute": no_backward_recompute,
+            **({"grad_inputs": grad_inputs} if grad_inputs is not None else {}),
         },
     )
     return Capture(

@@ -161,6 +161,8 @@ def coarsen_graph(graph: Graph, depth="module") -> Coarsened:
         meta["rng_state_bytes"] = int(meta["rng_state_bytes"]) * rng_ops
     if "no_backward_recompute" in meta:
         meta["no_backward_recompute"] = sorted({group_of[n] for n in meta["no_backward_recompute"]})
+    if "grad_inputs" in meta:  # inputs keep their values (renumbered)
+        meta["grad_inputs"] = sorted(new_id[v] for v in meta["grad_inputs"] if v in new_id)
     coarse = Graph(
         tuple(new_nodes),
         tuple(new_values),

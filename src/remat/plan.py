@@ -63,6 +63,8 @@ class Simulation:
     peak_index: int  # the instruction at which the peak is reached
     saved: tuple[int, ...]  # activations resident at the boundary besides the forward outputs
     computes: int  # number of compute instructions
+    forward_peak_bytes: int = 0  # the peak over the forward instructions
+    backward_peak_bytes: int = 0  # the peak from the boundary on (tangents included)
 
 
 def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -> Simulation:
@@ -85,6 +87,8 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
     current = 0  # counted bytes resident in the plan
     external = 0  # forward outputs the user holds that the plan no longer tracks
     peak, peak_index = 0, -1
+    forward_peak = 0  # the peak over the instructions before the boundary
+    backward_peak = 0
     seconds = 0.0
     computes = 0
     timeline: list[int] = []
@@ -109,7 +113,9 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
 
     for i, ins in enumerate(instructions):
         if i == boundary:
+            forward_peak = peak
             enter_backward()
+            backward_peak = current + external
         in_backward = i >= boundary
         if ins.kind == COMPUTE:
             if not 0 <= ins.target < len(nodes):
@@ -141,6 +147,8 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
             here = current + external + out_bytes + node.workspace
             if here > peak:
                 peak, peak_index = here, i
+            if in_backward:
+                backward_peak = max(backward_peak, here)
             current += out_bytes
             resident.update(node.outputs)
             if node.random and runs[node.id] > 1:
@@ -167,14 +175,18 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
             fail(i, f"unknown instruction kind {ins.kind!r} (offload/reload need the hybrid runtime)")
         if current + external > peak:
             peak, peak_index = current + external, i
+        if in_backward:
+            backward_peak = max(backward_peak, current + external)
         timeline.append(current + external)
     if boundary == len(instructions):
+        forward_peak = peak
         enter_backward()
+        backward_peak = current + external
         peak = max(peak, current + external)
     for v in graph.backward_outputs:
         if values[v].kind in (ACTIVATION, TANGENT) and v not in resident:
             raise InvalidPlanError(f"backward output {values[v].name} is not resident when the step ends")
-    return Simulation(int(peak), seconds, tuple(timeline), peak_index, saved, computes)
+    return Simulation(int(peak), seconds, tuple(timeline), peak_index, saved, computes, int(forward_peak), int(backward_peak))
 
 
 @dataclass

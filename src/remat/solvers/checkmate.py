@@ -120,13 +120,18 @@ def solve_milp(
     lp_warm_start: bool = True,
     gap: float = 1e-6,
     threads: int | None = None,
+    save_budget_bytes: int | None = None,
+    quiet: bool = False,
 ) -> Plan:
     """The optimal (within ``gap``) frontier-advancing plan of ``graph`` under ``budget_bytes``;
-    ``budget_bytes=None``: the plan of smallest peak."""
+    ``budget_bytes=None``: the plan of smallest peak. ``save_budget_bytes`` also bounds the bytes
+    the forward keeps for the backward (see :func:`~remat.solvers.checkmate_model.build`); with it,
+    an infeasible model raises :class:`SolverError` instead of looking for the smallest peak.
+    ``quiet``: no warning at the time limit (the plan's ``info`` still says so)."""
     import highspy
 
     start = time.perf_counter()
-    f = build(graph, budget_bytes)
+    f = build(graph, budget_bytes, save_budget_bytes=save_budget_bytes)
     h = to_highs(f)
     info = {"formulation": _model_info(f)}
     warm = None
@@ -135,7 +140,9 @@ def solve_milp(
             candidates = sorted(_baselines(graph, 0), key=lambda p: (p.peak_bytes, p.compute_seconds))
         else:
             plans = _baselines(graph, budget_bytes)
-            if lp_warm_start:  # LP rounding often lands far closer to the optimum than any baseline
+            if save_budget_bytes is not None:
+                plans = [p for p in plans if p.saved_bytes <= save_budget_bytes]
+            if lp_warm_start and save_budget_bytes is None:  # LP rounding often lands far closer to the optimum than any baseline
                 try:
                     plans.append(
                         solve_lp_rounding(graph, budget_bytes, time_limit=time_limit, budget_factors=(0.9, 1.0), fallback=False)
@@ -162,6 +169,8 @@ def solve_milp(
     info["solve seconds"] = round(h.getRunTime(), 3)
     status_name = h.modelStatusToString(status)
     if not _has_solution(h):
+        if status == highspy.HighsModelStatus.kInfeasible and save_budget_bytes is not None:
+            raise SolverError(f"no plan of {graph.name!r} peaks within {budget_bytes} bytes and saves at most {save_budget_bytes}")
         if status == highspy.HighsModelStatus.kInfeasible and budget_bytes is not None:
             return _smallest_peak(graph, budget_bytes, time_limit, start, gap, threads)
         if warm is not None:  # cannot happen (HiGHS keeps the warm start), but never return nothing
@@ -181,7 +190,7 @@ def solve_milp(
         objective_seconds=hinfo.objective_function_value * f.cost_scale + f.constant_cost if minimising_cost else None,
     )
     plan = _plan_from(graph, f, R_on, solver="checkmate", info=info)
-    if not optimal:
+    if not optimal and not quiet:
         warnings.warn(
             f"checkmate stopped at its time limit ({time_limit or DEFAULT_TIME_LIMIT:.0f} s) on {graph.name!r}: "
             f"returning its best plan, within {100 * (info['gap'] or 0):.2f}% of optimal (HiGHS: {status_name})",

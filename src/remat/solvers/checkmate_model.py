@@ -159,12 +159,16 @@ def horizons(graph: Graph, variable: set[int], recomputable: set[int]) -> tuple[
     return horizon, need
 
 
-def build(graph: Graph, budget_bytes: int | None, *, dominance_cuts: bool = True) -> Formulation:
+def build(
+    graph: Graph, budget_bytes: int | None, *, dominance_cuts: bool = True, save_budget_bytes: int | None = None
+) -> Formulation:
     """The MILP (all R and S binary) for ``graph`` under ``budget_bytes``.
 
     With ``budget_bytes=None`` the budget becomes a variable ``B`` and the objective
     ``B + ε·cost``: the smallest peak any frontier-advancing plan reaches (and, among
-    those, nearly the cheapest).
+    those, nearly the cheapest). ``save_budget_bytes`` (Rockmate's second budget) bounds what
+    the forward leaves for the backward: ``Σ_v M_v S[n_f, v] ≤ save budget`` over the
+    droppable forward values kept into the first backward stage (forward outputs excluded).
     """
     values, nodes, users = graph.values, graph.nodes, graph.users
     n = len(nodes)
@@ -351,6 +355,11 @@ def build(graph: Graph, budget_bytes: int | None, *, dominance_cuts: bool = True
             terms[f.budget_col] = -1.0
         f.memory_rows.append(f.num_rows)
         f._row(-math.inf, cap - const, terms)
+    if save_budget_bytes is not None and num_forward < n:
+        t = num_forward
+        terms = {f.S[(t, v)]: values[v].bytes / scale for v in variable if (t, v) in f.S}
+        if terms:
+            f._row(-math.inf, save_budget_bytes / scale, terms)
     return f
 
 

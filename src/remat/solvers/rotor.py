@@ -1,0 +1,436 @@
+"""Rotor: the optimal checkpointing schedule of a chain of stages, by dynamic programming.
+
+The graph is cut into stages ``0..L-1`` (:mod:`remat.solvers.chain`). Each stage ``k`` can run
+its forward in one of three ways (Beaumont et al., "Optimal checkpointing for heterogeneous
+chains"):
+
+* ``F_∅`` — without saving anything (its outputs feed the next stage, then go);
+* ``F_ck`` — the same, keeping its input ``x_{k-1}`` so that the stage can be run again;
+* ``F_all`` with option ``o`` — keeping what option ``o``'s backward needs (Rotor: everything;
+  Rockmate, :mod:`remat.solvers.hierarchical`: a menu of schedules of the stage), then ``B_k``.
+
+``T(i, l, m, keep)`` is the least time to reverse stages ``i..l`` — run their forwards and then
+their backwards — within ``m`` bytes, starting with ``x_{i-1}`` and the gradients ``H_l`` resident
+and ending with the gradient of ``x_{i-1}`` (``keep``: ``x_{i-1}`` must stay for the caller)::
+
+    T(i, l, m, keep) = min(
+        min_o  f_o + b_o + T(i+1, l, m - hold_o - s_o, need_out_o)          # F_all(o) on i, then B_i
+               if m ≥ max(a_{i-1} + H_l + pf_o,  hold_o + H'_i + pb_o),
+        min_j  Σ_{q=i}^{j-1} fn_q + T(j, l, m - a_{i-1}, 0) + T(i, j-1, m, keep)  # F_ck on i, F_∅ to j-1
+               if m ≥ a_{i-1} + H_l + max_q ([q>i] a_{q-1} + pn_q) )
+
+    T(l+1, l, …) = 0;   hold_o = a_{i-1} · [keep or o's backward reads x_{i-1}]
+
+``f_o, b_o, s_o, pf_o, pb_o``: forward and backward time, bytes kept for the backward, forward
+and backward peaks of option ``o``, measured by simulating it on the stage's own graph;
+``fn_q, pn_q``: time and peak of ``F_∅`` on stage ``q``; ``H'_i`` the gradient-side bytes
+alive during ``B_i`` that its own graph does not see. The top problem is ``T(0, L-1, budget -
+constants, 0)``.
+
+Memory is counted in *slots* (sizes rounded up), so the DP fills, for every ``(i, l, keep)``,
+a vector over all budgets ``m ≤ S`` slots at once — ``O(S·L²·(L + K))`` for ``K`` options per
+stage. The slot is a power of two near ``budget / SLOTS``: rounding adds at most one slot (0.1%
+of the budget) per term of a peak, and a table serves every budget within a factor of two, so a
+new budget usually costs no DP at all. The chosen schedule is expanded into the graph's ops and
+checked by the simulator; since rounding is conservative, the DP is also read at budgets a few
+percent higher and the cheapest plan that still fits is kept.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import SolverError
+from ..graph import FORWARD, Graph
+from ..plan import Plan
+from . import register
+from .chain import Block, Chain, decompose
+
+SLOTS = 1000  # a budget is at least SLOTS/2 slots (rounding error ≤ 0.2% per term)
+PROBES_UP = (1.01, 1.02, 1.04, 1.07, 1.1, 1.15, 1.2)
+PROBES_DOWN = (0.99, 0.97, 0.94, 0.9, 0.85, 0.8, 0.7, 0.6, 0.5)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to run a stage with ``F_all``: its forward and backward op sequences (chain ids)."""
+
+    label: str
+    forward: tuple[int, ...]
+    backward: tuple[int, ...]
+    forward_seconds: float
+    backward_seconds: float
+    saved_bytes: int  # what the forward leaves for the backward, besides x_k
+    forward_peak: int  # above what was resident before (x_{k-1} and constants not counted)
+    backward_peak: int  # during B_k, tangents and the saved values included
+    needs_input: bool  # the backward reads (or recomputes from) x_{k-1}
+    needs_output: bool  # the backward reads x_k
+
+    def dominates(self, other: "Option") -> bool:
+        return (
+            self.forward_seconds + self.backward_seconds <= other.forward_seconds + other.backward_seconds
+            and self.saved_bytes <= other.saved_bytes
+            and self.forward_peak <= other.forward_peak
+            and self.backward_peak <= other.backward_peak
+            and self.needs_input <= other.needs_input
+            and self.needs_output <= other.needs_output
+        )
+
+
+def option_from_schedule(block: Block, forward_local, backward_local, label: str) -> Option:
+    """Measure a schedule of the stage's graph (local node ids) with the simulator."""
+    g = block.graph
+    sim = Plan.from_schedule(g, forward_local, backward_local).simulation
+    reads = {v for i in backward_local for v in g.nodes[i].inputs}
+    needs_output = bool(reads & block.output_values)
+    out_bytes = sum(g.values[v].bytes for v in block.output_values)
+    return Option(
+        label,
+        tuple(block.to_chain_ids(forward_local)),
+        tuple(block.to_chain_ids(backward_local)),
+        sum(g.nodes[i].cost for i in forward_local),
+        sum(g.nodes[i].cost for i in backward_local),
+        sum(g.values[v].bytes for v in sim.saved),
+        sim.forward_peak_bytes,
+        # the chain counts the graph's forward outputs itself; x_k goes early when B_k does not read it
+        sim.backward_peak_bytes - block.pinned_bytes - (0 if needs_output else out_bytes),
+        bool(reads & block.input_values),
+        needs_output,
+    )
+
+
+def store_all_option(block: Block) -> Option:
+    """Rotor's F_all: the stage's forward keeping everything, then its backward."""
+    g = block.graph
+    fwd = [n.id for n in g.nodes if n.phase == FORWARD]
+    bwd = [n.id for n in g.nodes if n.phase != FORWARD]
+    return option_from_schedule(block, fwd, bwd, "store all")
+
+
+def pareto_options(options) -> list[Option]:
+    """Drop options another one dominates (the first of equal ones stays)."""
+    kept: list[Option] = []
+    for o in sorted(options, key=lambda o: (o.forward_seconds + o.backward_seconds, o.saved_bytes)):
+        if not any(k.dominates(o) for k in kept):
+            kept.append(o)
+    return kept
+
+
+def no_save_forward(block: Block) -> tuple[float, int]:
+    """(time, peak) of running the stage's forward keeping nothing but x_k (F_∅)."""
+    g = block.graph
+    fwd = [n for n in g.nodes if n.phase == FORWARD]
+    keep = set(g.forward_outputs)
+    last: dict[int, int] = {}
+    for i, n in enumerate(fwd):
+        for v in n.inputs:
+            last[v] = i
+    current = peak = 0
+    for i, n in enumerate(fwd):
+        out = sum(g.values[v].bytes for v in n.outputs)
+        peak = max(peak, current + out + n.workspace)
+        current += out
+        for v in n.outputs:
+            if v not in keep and v not in last:  # never read: dropped at once
+                current -= g.values[v].bytes
+        for v in n.inputs:
+            if last.get(v) == i and g.values[v].kind == "activation" and v not in keep:
+                current -= g.values[v].bytes
+        peak = max(peak, current)
+    return sum(n.cost for n in fwd), peak
+
+
+# ------------------------------------------------------------------------------ the DP
+class ChainDP:
+    """The DP of the module docstring over ``chain`` with ``menus[k]`` (options of stage k)."""
+
+    def __init__(self, chain: Chain, menus: list[list[Option]]):
+        self.chain = chain
+        self.menus = menus
+        L = chain.length
+        blocks = [chain.block_graph(k) for k in range(L)]
+        self.a_in = [sum(b.graph.values[v].bytes for v in b.input_values) for b in blocks]
+        self.a_out = [sum(b.graph.values[v].bytes for v in b.output_values) for b in blocks]
+        # a stage whose backward reads nothing of its forward but x_{k-1} and x_k can run B_k
+        # straight from a checkpointed x_k, without running its forward again
+        self.skip = []
+        for b in blocks:
+            o = store_all_option(b)
+            self.skip.append(o if o.saved_bytes == 0 and o.needs_output else None)
+        self.held = chain.held_backward
+        self.unseen = [h - c for h, c in zip(chain.held_backward, chain.consumed_backward)]
+        no_save = [no_save_forward(b) for b in blocks]
+        self.fn = [t for t, _ in no_save]
+        self.pn = [p for _, p in no_save]
+        self.recomputable = [s.recomputable for s in chain.stages]
+        self.constant = chain.constant_bytes + chain.pinned_bytes
+        self.tables: OrderedDict[int, tuple] = OrderedDict()
+        self.dp_seconds = 0.0
+
+    # ---- tables
+    def slot_for(self, memory: int) -> int:
+        """The slot size (a power of two) of the table serving ``memory`` bytes."""
+        return max(1, 2 ** math.ceil(math.log2(max(memory, 1) / SLOTS)))
+
+    def table(self, slot: int):
+        if slot in self.tables:
+            self.tables.move_to_end(slot)
+            return self.tables[slot]
+        start = time.perf_counter()
+        tbl = self._fill(slot, int(SLOTS * max(PROBES_UP)) + 2)
+        self.dp_seconds += time.perf_counter() - start
+        self.tables[slot] = tbl
+        while len(self.tables) > 4:
+            self.tables.popitem(last=False)
+        return tbl
+
+    def _fill(self, slot: int, size: int):
+        L = self.chain.length
+        up = lambda b: int(math.ceil(b / slot))  # noqa: E731
+        a_in = [up(x) for x in self.a_in]
+        a_out = [up(x) for x in self.a_out]
+        held = [up(x) for x in self.held]
+        unseen = [up(x) for x in self.unseen]
+        pn = [up(x) for x in self.pn]
+        menus = [
+            [(o.forward_seconds + o.backward_seconds, up(o.saved_bytes), up(o.forward_peak), up(o.backward_peak),
+              o.needs_input, o.needs_output) for o in menu]
+            for menu in self.menus
+        ]
+        inf = np.float32(np.inf)
+        value: dict[tuple, np.ndarray] = {}
+        choice: dict[tuple, np.ndarray] = {}
+        fn_prefix = np.concatenate([[0.0], np.cumsum(self.fn)])
+        never = np.full(size, inf, dtype=np.float32)
+
+        def shifted(arr: np.ndarray, shift: int) -> np.ndarray:
+            if shift <= 0 or arr is never:
+                return arr
+            out = np.full(size, inf, dtype=np.float32)
+            if shift < size:
+                out[shift:] = arr[: size - shift]
+            return out
+
+        for length in range(L):
+            for i in range(L - length):
+                l = i + length
+                for have in (0, 1):
+                    if have and self.skip[l] is None:
+                        for keep in (0, 1):
+                            value[(i, l, keep, have)] = never  # x_l kept for nothing: never chosen
+                        continue
+                    for keep in (0, 1):
+                        best = np.full(size, inf, dtype=np.float32)
+                        pick = np.full(size, -(L + 1), dtype=np.int16)
+                        base = a_in[i] + held[l] + (a_out[l] if have else 0)
+
+                        def offer(cand, c, need):
+                            nonlocal best
+                            cand[: min(need, size)] = inf
+                            better = cand < best
+                            best = np.where(better, cand, best)
+                            pick[better] = c
+
+                        if i == l and have:  # B_l straight from the kept x_l (and x_{l-1})
+                            o = self.skip[l]
+                            hold = a_in[i] if (keep or o.needs_input) else 0
+                            need = max(base, hold + unseen[i] + up(o.backward_peak))
+                            offer(np.full(size, o.backward_seconds, dtype=np.float32), len(menus[i]), need)
+                        else:
+                            for c, (t, s, pf, pb, need_in, need_out) in enumerate(menus[i]):
+                                hold = a_in[i] if (keep or need_in) else 0
+                                need = max(base + pf, hold + unseen[i] + pb)
+                                if i == l:
+                                    cand = np.full(size, t, dtype=np.float32)
+                                else:
+                                    cand = t + shifted(value[(i + 1, l, int(need_out), have)], hold + s)
+                                offer(cand, c, need)
+                        run_peak = 0
+                        for j in range(i + 1, l + 1):
+                            q = j - 1  # stages i..j-1 run without saving, x_{j-1} is the checkpoint
+                            if not self.recomputable[q]:
+                                break
+                            run_peak = max(run_peak, (a_in[q] if q > i else 0) + pn[q])
+                            need = base + run_peak
+                            fwd = np.float32(fn_prefix[j] - fn_prefix[i])
+                            for kept in (0, 1):  # kept: x_{j-1} stays for B_{j-1}
+                                first = shifted(value[(j, l, kept, have)], a_in[i])
+                                second = value[(i, j - 1, keep, kept)]
+                                if first is never or second is never:
+                                    continue
+                                offer(fwd + first + second, -(2 * j + kept), need)
+                        value[(i, l, keep, have)] = best
+                        choice[(i, l, keep, have)] = pick
+        return value, choice
+
+    # ---- schedules
+    def events(self, slot: int, m: int) -> list[tuple] | None:
+        """The schedule of ``T(0, L-1, m slots, 0, 0)``: events ('F'|'B', stage, option), ('N', stage)."""
+        value, choice = self.table(slot)
+        L = self.chain.length
+        top = value[(0, L - 1, 0, 0)]
+        if m < 0 or m >= len(top) or not np.isfinite(top[m]):
+            return None
+        up = lambda b: int(math.ceil(b / slot))  # noqa: E731
+        out: list[tuple] = []
+        stack: list[tuple] = [("solve", 0, L - 1, 0, 0, m)]
+        while stack:
+            task = stack.pop()
+            if task[0] != "solve":
+                out.append(task)
+                continue
+            _, i, l, keep, have, mm = task
+            c = int(choice[(i, l, keep, have)][mm])
+            if c == len(self.menus[i]):  # B_l from the kept output
+                out.append(("S", i))
+            elif c >= 0:
+                o = self.menus[i][c]
+                hold = up(self.a_in[i]) if (keep or o.needs_input) else 0
+                later = [("B", i, c)]
+                if i < l:
+                    later.append(("solve", i + 1, l, int(o.needs_output), have, mm - hold - up(o.saved_bytes)))
+                later.append(("F", i, c))
+                stack.extend(later)  # popped in reverse: F, solve, B
+            else:
+                j, kept = divmod(-c, 2)
+                later = [("solve", i, j - 1, keep, kept, mm), ("solve", j, l, kept, have, mm - up(self.a_in[i]))]
+                later += [("N", q) for q in range(j - 1, i - 1, -1)]
+                stack.extend(later)
+        return out
+
+    def plan_from_events(self, events: list[tuple], **plan_kwargs) -> Plan:
+        chain, L = self.chain, self.chain.length
+        forward: list[int] = list(chain.constant_nodes)
+        backward: list[int] = []
+        target = forward
+        for ev in events:
+            if ev[0] == "N":
+                target.extend(chain.stages[ev[1]].forward)
+            elif ev[0] == "F":
+                target.extend(self.menus[ev[1]][ev[2]].forward)
+                if ev[1] == L - 1:
+                    target = backward  # the loss stage's forward ends the forward pass
+            elif ev[0] == "S":
+                target.extend(self.skip[ev[1]].backward)
+            else:
+                target.extend(self.menus[ev[1]][ev[2]].backward)
+        return Plan.from_schedule(chain.graph, forward, backward, **plan_kwargs)
+
+    def smallest_slots(self, slot: int) -> int | None:
+        value, _ = self.table(slot)
+        finite = np.flatnonzero(np.isfinite(value[(0, self.chain.length - 1, 0, 0)]))
+        return int(finite[0]) if len(finite) else None
+
+    def solve(self, budget_bytes: int | None, solver: str) -> Plan:
+        """The cheapest simulated plan within ``budget_bytes`` that the DP finds (see module docstring);
+        the smallest-peak plan the DP knows when none fits."""
+        from .baselines import store_all
+
+        if budget_bytes is None:
+            return store_all(self.chain.graph, None)
+        memory = budget_bytes - self.constant
+        plans: list[Plan] = []
+        seen: set = set()
+
+        def probe(factor: float, slot: int) -> Plan | None:
+            m = int(math.floor(memory * factor / slot))
+            evs = self.events(slot, m)
+            if evs is None:
+                return None
+            key = tuple(evs)
+            if key in seen:
+                return None
+            seen.add(key)
+            plan = self.plan_from_events(evs, solver=solver)
+            plans.append(plan)
+            return plan
+
+        if memory > 0:
+            slot = self.slot_for(memory)
+            first = probe(1.0, slot)
+            if first is not None and first.peak_bytes <= budget_bytes:
+                for f in PROBES_UP:
+                    p = probe(f, slot)
+                    if p is not None and p.peak_bytes > budget_bytes:
+                        break
+            else:
+                for f in PROBES_DOWN:
+                    p = probe(f, slot)
+                    if p is not None and p.peak_bytes <= budget_bytes:
+                        break
+        fitting = [p for p in plans if p.peak_bytes <= budget_bytes]
+        if fitting:
+            best = min(fitting, key=lambda p: (p.compute_seconds, p.peak_bytes))
+        else:
+            best = self.smallest_plan(solver)
+        best.info.update(stages=self.chain.length, dp_seconds=round(self.dp_seconds, 3), probes=len(plans))
+        return best
+
+    def smallest_plan(self, solver: str) -> Plan:
+        """The plan of smallest peak the DP knows (the memory-minimal table, read at its first finite entry)."""
+        total = max(self.held) + max(self.a_in) + max(self.pn) + max(
+            (o.forward_peak for menu in self.menus for o in menu), default=0) + 1
+        slot = self.slot_for(max(total // 4, 1))
+        m = self.smallest_slots(slot)
+        while m is None:  # the table is too small: coarser slots
+            slot *= 2
+            m = self.smallest_slots(slot)
+        return self.plan_from_events(self.events(slot, m), solver=solver)
+
+
+# ------------------------------------------------------------------------------ caching and the solver
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_SIZE = 8
+
+
+def graph_key(graph: Graph) -> tuple:
+    costs = tuple(round(n.cost, 12) for n in graph.nodes)
+    return (graph.structural_hash, hash(costs), repr(sorted(graph.meta.items())))
+
+
+def cached(key: tuple, make):
+    """An LRU cache of chain planners (decomposition, menus, DP tables) shared across budgets."""
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    value = make()
+    _CACHE[key] = value
+    while len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return value
+
+
+def chain_or_error(graph: Graph, solver: str) -> Chain:
+    chain = decompose(graph)
+    if chain.length < 2:
+        raise SolverError(
+            f"{solver} needs a chain of stages, but the forward of {graph.name!r} has no articulation point "
+            "(every cut is crossed by some value, e.g. a skip connection spanning the whole model); "
+            "use solver='checkmate' or 'hierarchical'"
+        )
+    return chain
+
+
+def rotor_planner(graph: Graph) -> ChainDP:
+    def make() -> ChainDP:
+        chain = chain_or_error(graph, "rotor")
+        return ChainDP(chain, [[store_all_option(chain.block_graph(k))] for k in range(chain.length)])
+
+    return cached(("rotor",) + graph_key(graph), make)
+
+
+@register("rotor")
+def rotor(graph: Graph, budget_bytes: int | None, *, time_limit=None, **options) -> Plan:
+    """Rotor's optimal chain DP (see module docstring): each stage stores all, its input, or nothing."""
+    if options:
+        raise SolverError(f"rotor takes no options, got {sorted(options)}")
+    return rotor_planner(graph).solve(budget_bytes, "rotor")
+
+
+__all__ = ["rotor", "ChainDP", "Option", "option_from_schedule", "store_all_option", "pareto_options",
+           "no_save_forward", "rotor_planner", "chain_or_error", "cached", "graph_key"]
