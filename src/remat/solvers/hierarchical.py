@@ -1,0 +1,153 @@
+"""Rockmate's hierarchical planner: the Checkmate MILP inside blocks, Rotor's DP across them.
+
+1. Cut the graph into a chain of blocks at the articulation points of its forward
+   (:mod:`remat.solvers.chain`).
+2. Group identical blocks (same ops, shapes, edges and costs: :attr:`Block.key`); a
+   transformer's layers or a ResNet stage's blocks are solved once.
+3. For each class, solve the block's MILP (:func:`~remat.solvers.checkmate.solve_milp`) on a grid
+   of (peak, saved) budgets — the *save budget* bounds what the block's forward leaves for its
+   backward — and keep the Pareto-optimal schedules, with the plain "store all" schedule, as the
+   block's menu of options (time, saved bytes, forward and backward peaks).
+4. Rotor's DP (:class:`~remat.solvers.rotor.ChainDP`) picks per block one option, or a forward
+   without saving and a later recomputation of the whole block, for the budget.
+
+Steps 1–3 are cached per graph, and the DP's tables per slot size: a new budget reruns only
+the DP (usually not even that). A graph without block structure (fewer than two blocks) is
+handed to the ``checkmate`` solver. The grid: save budgets ``SAVE_FRACTIONS`` × the store-all
+schedule's saved bytes, each with the peak unbounded and bounded at ``PEAK_FRACTIONS`` of the
+store-all schedule's peak (a row is walked from the largest save budget down and stops at the
+first infeasible one: a plan that fits a save budget fits every larger one); each MILP stops at
+``MENU_TIME_LIMIT`` (bounded peak: ``PEAK_TIME_LIMIT``) seconds and its best schedule is used.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+from ..errors import SolverError, SolverTimeLimitWarning
+from ..graph import FORWARD, Graph
+from ..plan import COMPUTE, Plan
+from . import SOLVERS, register
+from .chain import Block
+from .rotor import ChainDP, Option, cached, chain_or_error, graph_key, option_from_schedule, pareto_options, store_all_option
+
+SAVE_FRACTIONS = (0.0, 0.1, 0.25, 0.4, 0.6, 0.8)
+PEAK_FRACTIONS = (0.85,)
+MENU_TIME_LIMIT = 5.0  # per MILP with the peak unbounded
+PEAK_TIME_LIMIT = 2.0  # per MILP with the peak bounded (harder, and less often decisive)
+MIN_FORWARD_OPS = 3  # smaller blocks keep Rotor's three choices only
+DEFAULT_TIME_LIMIT = 120.0
+
+
+def _schedule_of(plan: Plan) -> tuple[list[int], list[int]]:
+    computes = [(i, ins.target) for i, ins in enumerate(plan.instructions) if ins.kind == COMPUTE]
+    return [t for i, t in computes if i < plan.boundary], [t for i, t in computes if i >= plan.boundary]
+
+
+def block_menu(block: Block, *, time_limit: float, menu_time_limit: float = MENU_TIME_LIMIT) -> tuple[list[tuple], dict]:
+    """Pareto-optimal schedules of one block, as (forward, backward) local node id lists, and stats."""
+    from .checkmate import solve_milp
+
+    base = store_all_option(block)
+    schedules = [([n.id for n in block.graph.nodes if n.phase == FORWARD],
+                  [n.id for n in block.graph.nodes if n.phase != FORWARD])]
+    stats = {"milps": 0, "infeasible": 0, "not optimal": 0, "skipped": 0, "seconds": 0.0}
+    forward_ops = sum(1 for n in block.graph.nodes if n.phase == FORWARD)
+    if forward_ops < MIN_FORWARD_OPS or base.saved_bytes == 0:
+        return schedules, stats
+    start = time.perf_counter()
+    store_all_peak = Plan.from_schedule(block.graph, *schedules[0]).peak_bytes
+    rows = [(4 * store_all_peak, menu_time_limit)] + [
+        (int(f * store_all_peak), PEAK_TIME_LIMIT) for f in PEAK_FRACTIONS]
+    for budget, limit in rows:
+        # largest save budget first: a row is infeasible below its first infeasible entry
+        for k, save_fraction in enumerate(sorted(SAVE_FRACTIONS, reverse=True)):
+            left = time_limit - (time.perf_counter() - start)
+            if left <= 0.5:
+                stats["skipped"] += len(SAVE_FRACTIONS) - k
+                continue
+            stats["milps"] += 1
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", SolverTimeLimitWarning)
+                    plan = solve_milp(block.graph, budget, save_budget_bytes=int(save_fraction * base.saved_bytes),
+                                      time_limit=min(limit, left), gap=1e-3, quiet=True)
+            except SolverError:
+                stats["infeasible"] += 1
+                break
+            if plan.info.get("status") != "optimal":
+                stats["not optimal"] += 1
+            schedules.append(_schedule_of(plan))
+    stats["seconds"] = round(time.perf_counter() - start, 3)
+    return schedules, stats
+
+
+class HierarchicalPlanner:
+    """Decomposition, block menus and the chain DP of one graph (cached across budgets)."""
+
+    def __init__(self, graph: Graph, time_limit: float):
+        start = time.perf_counter()
+        chain = chain_or_error(graph, "hierarchical")
+        self.chain = chain
+        blocks = [chain.block_graph(k) for k in range(chain.length)]
+        classes: dict[tuple, list[int]] = {}
+        for k, b in enumerate(blocks):
+            classes.setdefault(b.key, []).append(k)
+        # big classes first: they matter most if the time runs out
+        order = sorted(classes.values(), key=lambda ks: -len(blocks[ks[0]].graph.nodes) * len(ks))
+        menus: list[list[Option]] = [[] for _ in blocks]
+        self.stats = {"blocks": chain.length, "classes": len(classes), "milps": 0, "infeasible": 0,
+                      "not optimal": 0, "skipped": 0}
+        for members in order:
+            left = time_limit - (time.perf_counter() - start)
+            schedules, stats = block_menu(blocks[members[0]], time_limit=max(0.0, left))
+            for key in ("milps", "infeasible", "not optimal", "skipped"):
+                self.stats[key] += stats[key]
+            for k in members:
+                menus[k] = pareto_options(option_from_schedule(blocks[k], f, b, "milp" if i else "store all")
+                                          for i, (f, b) in enumerate(schedules))
+        self.stats["options"] = sum(len(m) for m in menus)
+        self.stats["menu seconds"] = round(time.perf_counter() - start, 3)
+        self.dp = ChainDP(chain, menus)
+
+    def solve(self, budget_bytes: int | None) -> Plan:
+        plan = self.dp.solve(budget_bytes, "hierarchical")
+        plan.info.update({k if k in ("blocks", "classes", "options", "menu seconds") else f"menu {k}": v
+                          for k, v in self.stats.items()})
+        if self.stats["skipped"]:
+            plan.info["status"] = "time limit: some block menus are incomplete"
+        return plan
+
+
+def hierarchical_planner(graph: Graph, time_limit: float | None = None) -> HierarchicalPlanner:
+    limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
+    return cached(("hierarchical",) + graph_key(graph), lambda: HierarchicalPlanner(graph, limit))
+
+
+@register("hierarchical")
+def hierarchical(graph: Graph, budget_bytes: int | None, *, time_limit: float | None = None, **options) -> Plan:
+    """Rockmate (see module docstring); graphs without block structure go to ``checkmate``."""
+    if options:
+        raise SolverError(f"hierarchical takes no options, got {sorted(options)}")
+    try:
+        planner = hierarchical_planner(graph, time_limit)
+    except SolverError as err:
+        if "articulation point" not in str(err):
+            raise
+        plan = SOLVERS["checkmate"](graph, budget_bytes, time_limit=time_limit)
+        plan.info["fallback"] = "checkmate: the graph has no block structure"
+        plan.solver = "hierarchical"
+        return plan
+    plan = planner.solve(budget_bytes)
+    if planner.stats["skipped"]:
+        warnings.warn(
+            f"hierarchical: the time limit cut {planner.stats['skipped']} block MILPs; "
+            "the plan uses the schedules found (raise time_limit for fuller menus)",
+            SolverTimeLimitWarning,
+            stacklevel=3,
+        )
+    return plan
+
+
+__all__ = ["hierarchical", "HierarchicalPlanner", "hierarchical_planner", "block_menu"]
