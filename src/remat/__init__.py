@@ -7,7 +7,7 @@
 """
 
 from . import backend as _backend  # noqa: F401  (registers the "remat" torch.compile backend)
-from .api import RematModule, capture_and_plan, optimize, plan
+from .api import ParetoFront, RematModule, capture_and_plan, optimize, pareto, plan
 from .errors import CaptureError, InfeasibleBudgetError, InvalidPlanError, RematError, SolverError, SolverTimeLimitWarning
 from .graph import Graph
 from .measure import StepMeasurement, measure_step
@@ -17,6 +17,8 @@ from .solvers import available as available_solvers
 __all__ = [
     "optimize",
     "plan",
+    "pareto",
+    "ParetoFront",
     "capture_and_plan",
     "RematModule",
     "Plan",

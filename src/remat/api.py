@@ -5,6 +5,7 @@
     print(m.plan.summary())
 
     plan = remat.plan(model, x, budget=0.3, solver="chen_sqrt")   # plans, runs nothing
+    front = remat.pareto(model, x, solvers=["hierarchical", "chen_sqrt"])   # overhead vs budget
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import torch.nn as nn
 
 from .backend import remat_backend
 from .capture import Capture
-from .errors import CaptureError, RematError
+from .errors import CaptureError, InfeasibleBudgetError, RematError, SolverError
 from .plan import Plan
+from .solvers import available as available_solvers
 
 
 _NO_TRAINING_GRAPH = (
@@ -230,3 +232,64 @@ def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_mode
     if not result:
         raise CaptureError(_NO_TRAINING_GRAPH)
     return result[0]
+
+
+DEFAULT_PARETO_SOLVERS = ("hierarchical", "rotor", "chen_sqrt")
+DEFAULT_PARETO_BUDGETS = (1.0, 0.8, 0.6, 0.5, 0.4, 0.3, 0.25, 0.2, 0.15, 0.1)
+
+
+class ParetoFront(dict):
+    """``front[solver]``: one :class:`Plan` per budget (``None`` where the solver found none within it).
+
+    ``front.budgets`` are the budgets in bytes, ``front.store_all_peak`` the unplanned step's peak.
+    """
+
+    budgets: list[int]
+    store_all_peak: int
+
+    def table(self) -> str:
+        """A text table: predicted overhead (and peak) of each solver at each budget."""
+        head = f"{'budget':>12}" + "".join(f"{s:>22}" for s in self)
+        rows = [head]
+        for k, b in enumerate(self.budgets):
+            cells = []
+            for plans in self.values():
+                p = plans[k]
+                cells.append(f"{'—':>22}" if p is None else f"{p.overhead * 100:+8.1f}% {p.peak_bytes / 2**20:9.1f} MiB")
+            rows.append(f"{b / 2**20:8.1f} MiB" + "".join(cells))
+        return "\n".join(rows)
+
+
+def pareto(model, *example_args, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT_PARETO_BUDGETS,
+           cost_model: Any = "flops", workspace: str = "measure", time_limit: float | None = None,
+           **example_kwargs) -> ParetoFront:
+    """Plan ``model``'s training step with each of ``solvers`` at each of ``budgets``.
+
+    The model is captured once. Budgets are fractions of the unplanned step's peak or sizes, as
+    in :func:`optimize`. Returns a :class:`ParetoFront`: for each solver, one plan per budget, or
+    ``None`` where it has no plan within that budget. ``rotor`` and ``hierarchical`` keep their
+    decomposition, block menus and DP tables across budgets, so each further budget costs only
+    the DP; the other solvers plan each budget from scratch.
+    """
+    from .budget import resolve_budget
+    from .planner import make_plan
+
+    for name in solvers:
+        if name != "auto" and name not in available_solvers():
+            raise SolverError(f"unknown solver {name!r}; choose 'auto' or one of {', '.join(available_solvers())}")
+    base, _ = capture_and_plan(model, *example_args, solver="store_all", cost_model=cost_model,
+                               workspace=workspace, **example_kwargs)
+    graph = base.graph
+    budget_bytes = [resolve_budget(b, base.peak_bytes) for b in budgets]
+    front = ParetoFront()
+    front.budgets, front.store_all_peak = budget_bytes, base.peak_bytes
+    for name in solvers:
+        plans = []
+        for b in budget_bytes:
+            try:
+                plan = make_plan(graph, b, name, time_limit=time_limit)
+            except (InfeasibleBudgetError, SolverError):
+                plan = None
+            plans.append(plan if plan is not None and (b is None or plan.peak_bytes <= b) else None)
+        front[name] = plans
+    return front

@@ -1,10 +1,12 @@
 """From a Graph and a budget to a Plan: budget resolution, solver choice, clear failures.
 
-``solver="auto"`` returns store_all's plan when it fits; otherwise it runs the baselines
-and the Checkmate MILP (coarsened when the graph is large, ``AUTO_TIME_LIMIT`` seconds
-unless ``time_limit`` says otherwise) and keeps the plan with the least predicted compute
-among those within the budget (ties: the smaller peak); solvers that do not apply to the
-graph (``SolverError``, e.g. revolve on a non-chain) are skipped. A budget no plan meets
+``solver="auto"`` returns store_all's plan when it fits. Otherwise, on a graph of at most
+``AUTO_MILP_NODES`` ops it runs the Checkmate MILP (warm-started from the baselines, so never
+worse than them), adding the hierarchical planner when the MILP stops at its time limit
+(``AUTO_TIME_LIMIT`` seconds unless ``time_limit`` says otherwise) or misses the budget; a larger
+graph goes to the hierarchical planner, which itself hands graphs without block structure to the
+MILP. It keeps the plan with the least predicted compute among those within the budget (ties:
+the smaller peak); solvers that do not apply to the graph (``SolverError``) are skipped. A budget no plan meets
 raises :class:`~remat.errors.InfeasibleBudgetError` with the smallest budget any solver meets. Plans are cached in-process by (structural hash, costs,
 budget, solver, options).
 """
@@ -30,11 +32,13 @@ def _cache_key(graph: Graph, budget_bytes, solver, options) -> tuple:
 
 
 AUTO_TIME_LIMIT = 30.0
-AUTO_EXCLUDED = {"checkmate_lp"}  # an approximation of checkmate, which auto runs anyway
+AUTO_MILP_NODES = 100  # the op-level MILP usually proves optimality on graphs this small
+FAST_SOLVERS = ("checkpoint_all", "chen_sqrt", "chen_greedy", "rotor", "hierarchical")  # for naming a minimum
 
 
-def auto_candidates() -> list[str]:
-    return sorted(n for n in SOLVERS if n not in AUTO_EXCLUDED)
+def auto_candidates(graph: Graph) -> list[str]:
+    """The solvers ``auto`` runs first on ``graph`` (see the module docstring)."""
+    return ["checkmate"] if len(graph.nodes) <= AUTO_MILP_NODES else ["hierarchical"]
 
 
 def _try_solve(name: str, graph: Graph, budget_bytes, time_limit, options, skip_inapplicable: bool) -> Plan | None:
@@ -55,7 +59,7 @@ def make_plan(graph: Graph, budget=None, solver: str = "auto", *, time_limit: fl
     if key in _CACHE:
         return _CACHE[key]
     if solver == "auto":
-        names = auto_candidates()
+        names = auto_candidates(graph)
     elif solver in SOLVERS:
         names = [solver]
     else:
@@ -69,6 +73,12 @@ def make_plan(graph: Graph, budget=None, solver: str = "auto", *, time_limit: fl
         for n in names
     ]
     plans = [p for p in plans if p is not None]
+    if names == ["checkmate"] and solver == "auto":
+        milp = plans[0] if plans else None
+        if milp is None or milp.peak_bytes > budget_bytes or milp.info.get("status") != "optimal":
+            names.append("hierarchical")
+            extra = _try_solve("hierarchical", graph, budget_bytes, time_limit, options, True)
+            plans += [extra] if extra is not None else []
     fitting = [p for p in plans if budget_bytes is None or p.peak_bytes <= budget_bytes]
     if not fitting:
         smallest = min(plans, key=lambda p: p.peak_bytes)  # the smallest budget *this* choice meets
@@ -87,7 +97,7 @@ def make_plan(graph: Graph, budget=None, solver: str = "auto", *, time_limit: fl
 
 
 def _smallest_feasible(graph: Graph, plans: list[Plan]) -> Plan:
-    """The plan with the smallest peak among ``plans`` and every other solver."""
+    """The plan with the smallest peak among ``plans`` and the fast solvers' smallest plans."""
     tried = {p.solver for p in plans}
-    others = [_try_solve(n, graph, None, None, {}, True) for n in auto_candidates() if n not in tried]
+    others = [_try_solve(n, graph, 0, AUTO_TIME_LIMIT, {}, True) for n in FAST_SOLVERS if n not in tried]
     return min(plans + [p for p in others if p is not None], key=lambda p: p.peak_bytes)
