@@ -15,7 +15,7 @@ from remat.solvers import solve
 from .helpers import assert_bitwise, assert_close, fresh, optimized, run_step
 from .test_equality import MODELS, reference
 
-PLANNERS = ["checkmate", "checkmate_lp", "chen_greedy", "chen_greedy_ap", "chen_sqrt_ap", "revolve"]
+PLANNERS = ["checkmate", "checkmate_lp", "chen_greedy", "chen_greedy_ap", "chen_sqrt_ap", "revolve", "rotor", "hierarchical"]
 
 _budgets: dict = {}
 

@@ -13,10 +13,12 @@ values, its input ``x_{k-1}`` and its output ``x_k``::
   layers be separate stages although every layer reads the causal mask.
 * **Backward ops** are dealt out by what they read: reading an inner value of stage ``k`` pins
   an op to ``k``, reading ``x_k`` allows ``k`` or ``k+1``, reading a gradient made in ``B_j``
-  requires ``≤ j``. An op reading forward values goes to the stage of the newest one (so they
-  can be dropped right after); one reading only gradients to the latest stage allowed (it runs
-  as soon as its inputs exist). Where the rules contradict each other the stages in between
-  are merged and the deal is redone.
+  requires ``≤ j``. An op reading only gradients goes to the latest stage allowed (it runs as
+  soon as its inputs exist), unless that frees nothing (then it waits for its readers' stage).
+  An op reading ``x_k`` may go either way, and neither is always better: deal ``"newest"``
+  puts it in stage ``k`` (a ReLU's backward with the ReLU), deal ``"earliest"`` in ``k+1`` (a
+  layer's weight gradient with the layer reading ``x_k``); the planners try both. Where the
+  rules contradict each other the stages in between are merged and the deal is redone.
 * Stage ``k`` as a graph of its own (:meth:`Chain.block_graph`): ``x_{k-1}`` and constants
   are inputs (not counted), gradients flowing in from later stages are tangents, ``x_k``
   and what later stages' backward read are its forward and backward outputs.
@@ -35,6 +37,7 @@ from ..errors import SolverError
 from ..graph import ACTIVATION, BACKWARD, FORWARD, INPUT, TANGENT, Graph, Node, Value
 
 MAX_STAGES = 96  # more stages are merged (cheapest neighbours first): the DP is cubic in them
+DEALS = ("newest", "earliest")  # how backward ops reading a stage's output are dealt (see docstring)
 
 
 @dataclass(frozen=True)
@@ -151,9 +154,12 @@ def _cut_points(graph: Graph, body: list[Node], ignore: set[int]) -> list[int]:
     return points
 
 
-def decompose(graph: Graph, *, max_stages: int = MAX_STAGES) -> Chain:
-    """Cut ``graph`` into a chain of stages (see the module docstring)."""
-    values, nodes = graph.values, graph.nodes
+def decompose(graph: Graph, *, deal: str = "newest", max_stages: int = MAX_STAGES) -> Chain:
+    """Cut ``graph`` into a chain of stages (see the module docstring); ``deal``: one of ``DEALS``."""
+    if deal not in DEALS:
+        raise ValueError(f"deal must be one of {DEALS}, got {deal!r}")
+    deal_rule = deal
+    nodes = graph.nodes
     differentiable = differentiable_nodes(graph)
     body = [n for n in graph.forward_nodes if n.id in differentiable]
     constant_nodes = tuple(n.id for n in graph.forward_nodes if n.id not in differentiable)
@@ -161,21 +167,21 @@ def decompose(graph: Graph, *, max_stages: int = MAX_STAGES) -> Chain:
     if not body:
         raise SolverError(f"{graph.name!r} has no forward op that needs a gradient: nothing to plan")
     cuts = set(_cut_points(graph, body, constant_values))
-    stage_of, deal = _settle(graph, body, cuts)
+    stage_of, deal = _settle(graph, body, cuts, deal_rule)
     while len(cuts) + 1 > max_stages:  # merge the cheapest adjacent pair
         order = sorted(cuts)
         cost = _stage_costs(body, order)
         k = min(range(len(order)), key=lambda i: (cost[i] + cost[i + 1], i))
         cuts.discard(order[k])
-        stage_of, deal = _settle(graph, body, cuts)
+        stage_of, deal = _settle(graph, body, cuts, deal_rule)
     return _build_chain(graph, body, stage_of, deal, constant_nodes, constant_values)
 
 
-def _settle(graph: Graph, body: list[Node], cuts: set[int]) -> tuple[dict[int, int], dict[int, int]]:
+def _settle(graph: Graph, body: list[Node], cuts: set[int], rule: str) -> tuple[dict[int, int], dict[int, int]]:
     """Stage numbers and the backward deal, dropping (in place) the cuts the deal cannot respect."""
     while True:
         stage_of = _stage_numbers(body, cuts)
-        deal = _deal_backward(graph, stage_of, body)
+        deal = _deal_backward(graph, stage_of, body, rule)
         if not isinstance(deal, tuple):
             return stage_of, deal
         lo, hi = deal  # merge stages lo..hi
@@ -203,7 +209,7 @@ def _stage_costs(body: list[Node], order: list[int]) -> list[float]:
     return costs
 
 
-def _deal_backward(graph: Graph, stage_of: dict[int, int], body: list[Node]):
+def _deal_backward(graph: Graph, stage_of: dict[int, int], body: list[Node], deal: str):
     """Backward node id -> stage, or (lo, hi) when stages lo..hi must merge (see module docstring)."""
     values = graph.values
     last = max(stage_of.values())
@@ -233,7 +239,7 @@ def _deal_backward(graph: Graph, stage_of: dict[int, int], body: list[Node]):
             return (hi, lo)
         # with the stage of the newest forward value it reads (those can go right after);
         # an op reading only gradients runs as early as they exist
-        stage[b.id] = lo if reads_forward else hi
+        stage[b.id] = hi if (deal == "earliest" or not reads_forward) else lo
     _defer_gradient_ops(graph, stage, stage_of)
     return stage
 

@@ -30,7 +30,8 @@ from ..graph import FORWARD, Graph
 from ..plan import COMPUTE, Plan
 from . import SOLVERS, register
 from .chain import Block
-from .rotor import ChainDP, Option, cached, chain_or_error, graph_key, option_from_schedule, pareto_options, store_all_option
+from .rotor import (ChainDP, Option, best_plan, cached, chains_or_error, graph_key, option_from_schedule,
+                    pareto_options, rotor_planner, store_all_option)
 
 SAVE_FRACTIONS = (0.0, 0.1, 0.25, 0.4, 0.6, 0.8)
 PEAK_FRACTIONS = (0.85,)
@@ -88,31 +89,39 @@ class HierarchicalPlanner:
 
     def __init__(self, graph: Graph, time_limit: float):
         start = time.perf_counter()
-        chain = chain_or_error(graph, "hierarchical")
-        self.chain = chain
-        blocks = [chain.block_graph(k) for k in range(chain.length)]
-        classes: dict[tuple, list[int]] = {}
-        for k, b in enumerate(blocks):
-            classes.setdefault(b.key, []).append(k)
-        # big classes first: they matter most if the time runs out
-        order = sorted(classes.values(), key=lambda ks: -len(blocks[ks[0]].graph.nodes) * len(ks))
-        menus: list[list[Option]] = [[] for _ in blocks]
-        self.stats = {"blocks": chain.length, "classes": len(classes), "milps": 0, "infeasible": 0,
+        chains = chains_or_error(graph, "hierarchical")
+        self.stats = {"blocks": chains[0].length, "classes": 0, "milps": 0, "infeasible": 0,
                       "not optimal": 0, "skipped": 0}
-        for members in order:
-            left = time_limit - (time.perf_counter() - start)
-            schedules, stats = block_menu(blocks[members[0]], time_limit=max(0.0, left))
-            for key in ("milps", "infeasible", "not optimal", "skipped"):
-                self.stats[key] += stats[key]
-            for k in members:
-                menus[k] = pareto_options(option_from_schedule(blocks[k], f, b, "milp" if i else "store all")
-                                          for i, (f, b) in enumerate(schedules))
-        self.stats["options"] = sum(len(m) for m in menus)
+        menus_of: dict[tuple, list[tuple]] = {}  # block key -> schedules, shared by the chains
+        self.dps = []
+        for chain in chains:
+            blocks = [chain.block_graph(k) for k in range(chain.length)]
+            classes: dict[tuple, list[int]] = {}
+            for k, b in enumerate(blocks):
+                classes.setdefault(b.key, []).append(k)
+            # big classes first: they matter most if the time runs out
+            order = sorted(classes.values(), key=lambda ks: -len(blocks[ks[0]].graph.nodes) * len(ks))
+            menus: list[list[Option]] = [[] for _ in blocks]
+            for members in order:
+                key = blocks[members[0]].key
+                if key not in menus_of:
+                    left = time_limit - (time.perf_counter() - start)
+                    menus_of[key], stats = block_menu(blocks[members[0]], time_limit=max(0.0, left))
+                    self.stats["classes"] += 1
+                    for name in ("milps", "infeasible", "not optimal", "skipped"):
+                        self.stats[name] += stats[name]
+                for k in members:
+                    menus[k] = pareto_options(option_from_schedule(blocks[k], f, b, "milp" if i else "store all")
+                                              for i, (f, b) in enumerate(menus_of[key]))
+            self.dps.append(ChainDP(chain, menus))
+        # Rotor's DPs too: its single option per block is in every menu, but the probes of two DPs
+        # can land on different plans; this way hierarchical is never worse than rotor
+        self.dps += rotor_planner(graph)
+        self.stats["options"] = sum(len(m) for m in self.dps[0].menus)
         self.stats["menu seconds"] = round(time.perf_counter() - start, 3)
-        self.dp = ChainDP(chain, menus)
 
     def solve(self, budget_bytes: int | None) -> Plan:
-        plan = self.dp.solve(budget_bytes, "hierarchical")
+        plan = best_plan(self.dps, budget_bytes, "hierarchical")
         plan.info.update({k if k in ("blocks", "classes", "options", "menu seconds") else f"menu {k}": v
                           for k, v in self.stats.items()})
         if self.stats["skipped"]:
@@ -133,7 +142,7 @@ def hierarchical(graph: Graph, budget_bytes: int | None, *, time_limit: float | 
     try:
         planner = hierarchical_planner(graph, time_limit)
     except SolverError as err:
-        if "articulation point" not in str(err):
+        if "needs a chain of blocks" not in str(err):
             raise
         plan = SOLVERS["checkmate"](graph, budget_bytes, time_limit=time_limit)
         plan.info["fallback"] = "checkmate: the graph has no block structure"

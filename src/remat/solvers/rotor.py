@@ -27,13 +27,23 @@ and backward peaks of option ``o``, measured by simulating it on the stage's own
 alive during ``B_i`` that its own graph does not see. The top problem is ``T(0, L-1, budget -
 constants, 0)``.
 
+One extension to Rotor: a flag ``have`` says that ``x_l`` is still resident, kept as the
+checkpoint of a split; a stage whose backward reads nothing of its forward but ``x_{l-1}`` and
+``x_l`` (a ReLU, a linear layer) then runs ``B_l`` straight away instead of ``F_all`` again
+(``T(l, l, m, keep, have=1) = b_l``); one whose backward reads only ``x_{l-1}`` does so even
+without the flag. Without these Rotor misses the optimum even on plain chains (keep ``x_2``,
+recompute ``x_1`` only). The split offers both: ``x_{j-1}`` dropped after
+``T(j, l, ·)`` or kept for ``T(i, j-1, ·, have=1)``. The graph is decomposed with each backward
+deal of :mod:`~remat.solvers.chain` and the cheaper plan is kept.
+
 Memory is counted in *slots* (sizes rounded up), so the DP fills, for every ``(i, l, keep)``,
 a vector over all budgets ``m ≤ S`` slots at once — ``O(S·L²·(L + K))`` for ``K`` options per
 stage. The slot is a power of two near ``budget / SLOTS``: rounding adds at most one slot (0.1%
 of the budget) per term of a peak, and a table serves every budget within a factor of two, so a
 new budget usually costs no DP at all. The chosen schedule is expanded into the graph's ops and
-checked by the simulator; since rounding is conservative, the DP is also read at budgets a few
-percent higher and the cheapest plan that still fits is kept.
+checked by the simulator; since rounding and the model are conservative, the DP is also read at
+budgets up to 20% higher (``PROBES_UP``; lower ones if even the first plan does not fit) and the
+cheapest simulated plan that fits is kept.
 """
 
 from __future__ import annotations
@@ -49,7 +59,7 @@ from ..errors import SolverError
 from ..graph import FORWARD, Graph
 from ..plan import Plan
 from . import register
-from .chain import Block, Chain, decompose
+from .chain import DEALS, Block, Chain, decompose
 
 SLOTS = 1000  # a budget is at least SLOTS/2 slots (rounding error ≤ 0.2% per term)
 PROBES_UP = (1.01, 1.02, 1.04, 1.07, 1.1, 1.15, 1.2)
@@ -158,9 +168,11 @@ class ChainDP:
         self.a_out = [sum(b.graph.values[v].bytes for v in b.output_values) for b in blocks]
         # a stage whose backward reads nothing of its forward but x_{k-1} and x_k can run B_k
         # straight from a checkpointed x_k, without running its forward again
-        self.skip = []
+        self.direct: list[Option | None] = []  # B_k without F_k: its backward reads no tape
+        self.skip: list[Option | None] = []  # ... and reads x_k: worth keeping x_k for it
         for b in blocks:
             o = store_all_option(b)
+            self.direct.append(o if o.saved_bytes == 0 else None)
             self.skip.append(o if o.saved_bytes == 0 and o.needs_output else None)
         self.held = chain.held_backward
         self.unseen = [h - c for h, c in zip(chain.held_backward, chain.consumed_backward)]
@@ -236,12 +248,15 @@ class ChainDP:
                             best = np.where(better, cand, best)
                             pick[better] = c
 
-                        if i == l and have:  # B_l straight from the kept x_l (and x_{l-1})
-                            o = self.skip[l]
-                            hold = a_in[i] if (keep or o.needs_input) else 0
-                            need = max(base, hold + unseen[i] + up(o.backward_peak))
-                            offer(np.full(size, o.backward_seconds, dtype=np.float32), len(menus[i]), need)
-                        else:
+                        # (segments ending before the last stage are recomputations: the
+                        # forward pass has run every stage once by then)
+                        direct = self.direct[l] if i == l < L - 1 else None
+                        if direct is not None and (have or not direct.needs_output):
+                            # B_l straight away: it reads x_{l-1} (held) and x_l only if kept
+                            hold = a_in[i] if (keep or direct.needs_input) else 0
+                            need = max(base, hold + unseen[i] + up(direct.backward_peak))
+                            offer(np.full(size, direct.backward_seconds, dtype=np.float32), len(menus[i]), need)
+                        if not (i == l and have):
                             for c, (t, s, pf, pb, need_in, need_out) in enumerate(menus[i]):
                                 hold = a_in[i] if (keep or need_in) else 0
                                 need = max(base + pf, hold + unseen[i] + pb)
@@ -286,7 +301,7 @@ class ChainDP:
                 continue
             _, i, l, keep, have, mm = task
             c = int(choice[(i, l, keep, have)][mm])
-            if c == len(self.menus[i]):  # B_l from the kept output
+            if c == len(self.menus[i]):  # B_l without its forward
                 out.append(("S", i))
             elif c >= 0:
                 o = self.menus[i][c]
@@ -316,7 +331,7 @@ class ChainDP:
                 if ev[1] == L - 1:
                     target = backward  # the loss stage's forward ends the forward pass
             elif ev[0] == "S":
-                target.extend(self.skip[ev[1]].backward)
+                target.extend(self.direct[ev[1]].backward)
             else:
                 target.extend(self.menus[ev[1]][ev[2]].backward)
         return Plan.from_schedule(chain.graph, forward, backward, **plan_kwargs)
@@ -354,10 +369,8 @@ class ChainDP:
             slot = self.slot_for(memory)
             first = probe(1.0, slot)
             if first is not None and first.peak_bytes <= budget_bytes:
-                for f in PROBES_UP:
-                    p = probe(f, slot)
-                    if p is not None and p.peak_bytes > budget_bytes:
-                        break
+                for f in PROBES_UP:  # all of them: the simulated peak is not monotone in the DP's budget
+                    probe(f, slot)
             else:
                 for f in PROBES_DOWN:
                     p = probe(f, slot)
@@ -405,21 +418,54 @@ def cached(key: tuple, make):
     return value
 
 
-def chain_or_error(graph: Graph, solver: str) -> Chain:
-    chain = decompose(graph)
-    if chain.length < 2:
+NOT_A_CHAIN = 0.5  # a block with more than this share of the forward ops (and > 8) means no chain
+
+
+def chains_or_error(graph: Graph, solver: str) -> list[Chain]:
+    """The graph's chains of stages, one per backward deal (duplicates dropped), or the error."""
+    chains: list[Chain] = []
+    for deal in DEALS:
+        chain = chain_or_error(graph, solver, deal)
+        if all(_layout(chain) != _layout(c) for c in chains):
+            chains.append(chain)
+    return chains
+
+
+def _layout(chain: Chain) -> list:
+    return [(s.forward, s.backward) for s in chain.stages]
+
+
+def best_plan(planners: list[ChainDP], budget_bytes: int | None, solver: str) -> Plan:
+    """The cheapest fitting plan over several chains of the same graph (else the smallest peak)."""
+    plans = [dp.solve(budget_bytes, solver) for dp in planners]
+    fitting = [p for p in plans if budget_bytes is None or p.peak_bytes <= budget_bytes]
+    if fitting:
+        return min(fitting, key=lambda p: (p.compute_seconds, p.peak_bytes))
+    return min(plans, key=lambda p: (p.peak_bytes, p.compute_seconds))
+
+
+def chain_or_error(graph: Graph, solver: str, deal: str = "newest") -> Chain:
+    """The graph's chain of stages, or :class:`SolverError` when one block is most of the forward."""
+    chain = decompose(graph, deal=deal)
+    sizes = [len(s.forward) for s in chain.stages]
+    big = max(range(chain.length), key=lambda k: sizes[k])
+    if chain.length < 2 or (sizes[big] > NOT_A_CHAIN * sum(sizes) and sizes[big] > 8):
+        nodes = graph.nodes
+        stage = chain.stages[big]
         raise SolverError(
-            f"{solver} needs a chain of stages, but the forward of {graph.name!r} has no articulation point "
-            "(every cut is crossed by some value, e.g. a skip connection spanning the whole model); "
-            "use solver='checkmate' or 'hierarchical'"
+            f"{solver} needs a chain of blocks, but the forward of {graph.name!r} is mostly one block: "
+            f"{sizes[big]} of its {sum(sizes)} ops, from {nodes[stage.forward[0]].name} to "
+            f"{nodes[stage.forward[-1]].name}, with no articulation point between (a connection such as a "
+            "skip spans them); use solver='checkmate' or 'hierarchical'"
         )
     return chain
 
 
-def rotor_planner(graph: Graph) -> ChainDP:
-    def make() -> ChainDP:
-        chain = chain_or_error(graph, "rotor")
-        return ChainDP(chain, [[store_all_option(chain.block_graph(k))] for k in range(chain.length)])
+def rotor_planner(graph: Graph) -> list[ChainDP]:
+    """One DP per backward deal of ``graph`` (cached)."""
+    def make() -> list[ChainDP]:
+        return [ChainDP(chain, [[store_all_option(chain.block_graph(k))] for k in range(chain.length)])
+                for chain in chains_or_error(graph, "rotor")]
 
     return cached(("rotor",) + graph_key(graph), make)
 
@@ -429,8 +475,8 @@ def rotor(graph: Graph, budget_bytes: int | None, *, time_limit=None, **options)
     """Rotor's optimal chain DP (see module docstring): each stage stores all, its input, or nothing."""
     if options:
         raise SolverError(f"rotor takes no options, got {sorted(options)}")
-    return rotor_planner(graph).solve(budget_bytes, "rotor")
+    return best_plan(rotor_planner(graph), budget_bytes, "rotor")
 
 
 __all__ = ["rotor", "ChainDP", "Option", "option_from_schedule", "store_all_option", "pareto_options",
-           "no_save_forward", "rotor_planner", "chain_or_error", "cached", "graph_key"]
+           "no_save_forward", "rotor_planner", "chain_or_error", "chains_or_error", "best_plan", "cached", "graph_key"]

@@ -1,0 +1,318 @@
+"""Rotor and the hierarchical planner: the chain decomposition, optimality against the exact
+search and the MILP, reuse across budgets, fallbacks and errors."""
+
+import random
+import statistics
+import warnings
+
+import pytest
+
+import remat
+from remat import zoo
+from remat.api import capture_and_plan
+from remat.errors import SolverError, SolverTimeLimitWarning
+from remat.graph import BACKWARD, GraphBuilder
+from remat.solvers import checkmate as checkmate_module
+from remat.solvers import solve
+from remat.solvers.chain import decompose
+from remat.solvers.hierarchical import hierarchical_planner
+from remat.solvers.rotor import _CACHE, rotor_planner
+
+from .exhaustive import cheapest_plan
+from .test_plan import chain
+
+
+def linear_relu_chain(n: int, size: int = 100):
+    """n layers of linear -> relu with a PyTorch-shaped backward: threshold_backward reads the relu
+    output, the weight gradient reads the layer input, the input gradient reads only the weight."""
+    b = GraphBuilder("mlp")
+    x = b.input("x", size)
+    t = b.tangent("t", 1)
+    weights = [b.input(f"w{k}", 10) for k in range(n)]
+    r, grads = [x], []
+    for k in range(n):
+        (a,) = b.op(f"lin{k}", [r[-1], weights[k]], [size], cost=2.0)
+        (h,) = b.op(f"relu{k}", [a], [size], cost=1.0)
+        r.append(h)
+    (loss,) = b.op("loss", [r[-1]], [1], cost=1.0)
+    (d,) = b.op("loss_bwd", [t, r[-1]], [size], phase=BACKWARD, cost=1.0)
+    for k in range(n - 1, -1, -1):
+        (da,) = b.op(f"thr{k}", [d, r[k + 1]], [size], phase=BACKWARD, cost=1.0)
+        if k > 0:
+            (d,) = b.op(f"gin{k}", [da, weights[k]], [size], phase=BACKWARD, cost=2.0)
+        (gw,) = b.op(f"gw{k}", [da, r[k]], [10], phase=BACKWARD, cost=2.0)
+        grads.append(gw)
+    return b.build(forward_outputs=[loss], backward_outputs=grads)
+
+
+def residual_blocks(sizes, costs, *, name="residual"):
+    """A stem, then residual blocks h -> a = f(h) -> c = g(a) -> h' = h + c, then a loss; one entry
+    of ``sizes``/``costs`` per block (equal entries make identical blocks)."""
+    b = GraphBuilder(name)
+    x = b.input("x", 100)
+    t = b.tangent("t", 1)
+    w0 = b.input("w_stem", 10)
+    width = sizes[0][1]
+    (h,) = b.op("stem", [x, w0], [width], cost=1.0)  # ops named by kind, as capture does
+    made = []
+    for k, ((s_a, s_c), (c_f, c_g)) in enumerate(zip(sizes, costs)):
+        w = b.input(f"w{k}", 10)
+        (a,) = b.op(f"f{k}", [h, w], [s_a], cost=c_f, op="f")
+        (c,) = b.op(f"g{k}", [a], [width], cost=c_g, op="g")
+        (out,) = b.op(f"add{k}", [h, c], [width], cost=0.5, op="add")
+        made.append((h, w, a))
+        h = out
+    (loss,) = b.op("loss", [h], [1], cost=1.0)
+    (grad,) = b.op("loss_bwd", [t, h], [width], phase=BACKWARD, cost=1.0)
+    grads = []
+    for k in reversed(range(len(sizes))):
+        h_in, w, a = made[k]
+        (da,) = b.op(f"g{k}_bwd", [grad, a], [b.values[a].bytes], phase=BACKWARD, cost=2 * costs[k][1], op="g_bwd")
+        dh, dw = b.op(f"f{k}_bwd", [da, h_in, w], [width, 10], phase=BACKWARD, cost=2 * costs[k][0], op="f_bwd")
+        grads.append(dw)
+        (grad,) = b.op(f"add{k}_bwd", [grad, dh], [width], phase=BACKWARD, cost=0.5, op="add_bwd")
+    (gw0,) = b.op("stem_bwd", [grad, x], [10], phase=BACKWARD, cost=2.0)
+    return b.build(forward_outputs=[loss], backward_outputs=grads + [gw0])
+
+
+def budgets_from(graph, lowest, count=4):
+    hi = solve("store_all", graph, None).peak_bytes
+    return sorted({lowest + (hi - lowest) * j // (count - 1) for j in range(count)})
+
+
+def milp(graph, budget):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SolverTimeLimitWarning)  # the reference must be optimal
+        return solve("checkmate", graph, budget, time_limit=60, coarsen=None)
+
+
+# ---------------------------------------------------------------------------------- decomposition
+def test_decompose_cuts_a_chain_into_its_layers():
+    g = chain(n=4)
+    c = decompose(g)
+    assert [[g.nodes[i].name for i in s.forward] for s in c.stages] == [["f1"], ["f2"], ["f3"], ["f4"], ["loss"]]
+    # each backward op joins the stage of the newest forward value it reads
+    assert [[g.nodes[i].name for i in s.backward] for s in c.stages] == [["b1"], ["b2"], ["b3"], ["b4"], []]
+    assert c.stages[1].inputs == (g.nodes[0].outputs[0],)
+
+
+def test_grad_only_ops_wait_for_the_stage_that_reads_them():
+    g = linear_relu_chain(2)
+    c = decompose(g)
+    names = [[g.nodes[i].name for i in s.backward] for s in c.stages]
+    # gin1 reads only a gradient that gw1 reads again in relu0's stage: it waits there
+    assert names[1] == ["gin1", "gw1", "thr0", "gw0"]
+
+
+def test_transformer_layers_are_separate_blocks_and_share_a_class():
+    ex = zoo.build("gpt2", size="tiny")
+    plan, _ = capture_and_plan(ex.model, *ex.args, solver="store_all", **ex.kwargs)
+    c = decompose(plan.graph)
+    # the causal mask is read by every layer: it is a constant op, not a cut blocker
+    assert any(plan.graph.nodes[i].op == "aten.arange.default" for i in c.constant_nodes)
+    keys = [c.block_graph(k).key for k in range(c.length)]
+    big = [k for k in range(c.length) if len(c.stages[k].forward) >= 10]
+    assert len(big) == 4  # 2 layers x (attention, MLP)
+    assert keys[big[0]] == keys[big[2]] and keys[big[1]] == keys[big[3]] and keys[big[0]] != keys[big[1]]
+
+
+def test_rotor_refuses_a_graph_that_is_one_big_block():
+    """A skip connection from the first layer to the last: no cut inside the ten layers."""
+    b = GraphBuilder("long_skip")
+    x = b.input("x", 10)
+    t = b.tangent("t", 1)
+    w = b.input("w", 10)
+    (first,) = b.op("first", [x, w], [100])
+    h, acts = first, []
+    for k in range(10):
+        (h,) = b.op(f"f{k}", [h], [100])
+        acts.append(h)
+    (out,) = b.op("skip", [first, h], [100])
+    (loss,) = b.op("loss", [out], [1])
+    (grad,) = b.op("loss_bwd", [t, out], [100], phase=BACKWARD)
+    for k in reversed(range(10)):
+        (grad,) = b.op(f"b{k}", [grad, acts[k]], [100], phase=BACKWARD)
+    (gw,) = b.op("first_bwd", [grad, x], [10], phase=BACKWARD)
+    g = b.build(forward_outputs=[loss], backward_outputs=[gw])
+    with pytest.raises(SolverError, match="mostly one block: 11 of its 13 ops.*checkmate"):
+        solve("rotor", g, 10**6)
+    plan = solve("hierarchical", g, 10**6)  # falls back to the MILP
+    assert "checkmate" in plan.info["fallback"] and plan.fits()
+
+
+# ---------------------------------------------------------------------------------- optimality
+@pytest.mark.parametrize("make,n", [(chain, 2), (chain, 4), (chain, 6), (chain, 8),
+                                    (linear_relu_chain, 2), (linear_relu_chain, 3)])
+def test_rotor_is_optimal_on_chains(make, n):
+    """Equal to the exhaustive search over all plans, from the smallest feasible budget up."""
+    g = make(n)
+    lowest = solve("checkmate", g, 0).peak_bytes
+    for budget in budgets_from(g, lowest):
+        best = cheapest_plan(g, budget)
+        plan = solve("rotor", g, budget)
+        assert plan.peak_bytes <= budget
+        assert plan.compute_seconds == pytest.approx(best.compute_seconds)
+
+
+def random_chain(rng: random.Random):
+    """A chain of 2-6 layers with random sizes and costs; each layer's backward reads its input,
+    its output or both."""
+    b = GraphBuilder("random_chain")
+    h = b.input("x", rng.randint(1, 50))
+    t = b.tangent("t", 1)
+    layers = []
+    for k in range(rng.randint(2, 6)):
+        (out,) = b.op(f"f{k}", [h], [rng.randint(10, 200)], cost=rng.randint(1, 5), workspace=rng.choice([0, 0, 20]))
+        layers.append((h, out))
+        h = out
+    (loss,) = b.op("loss", [h], [1])
+    grad, grads = t, []
+    for k in reversed(range(len(layers))):
+        h_in, out = layers[k]
+        reads = rng.choice([[h_in], [out], [h_in, out]])
+        sizes = [b.values[h_in].bytes, rng.randint(1, 20)] if k else [rng.randint(1, 20)]
+        outs = b.op(f"b{k}", [grad] + reads, sizes, phase=BACKWARD, cost=rng.randint(1, 6))
+        grads.append(outs[-1])
+        grad = outs[0]
+    return b.build(forward_outputs=[loss], backward_outputs=grads)
+
+
+def test_rotor_within_two_percent_of_the_milp_on_random_chains():
+    """Rotor is optimal for its model, which holds a segment's input until that stage's backward
+    is done; the MILP may also drop it after the forward and recompute it from an earlier
+    checkpoint. Over 30 seeded random chains at 3 budgets each: nearly always within 2%."""
+    rng = random.Random(0)
+    ratios = []
+    for _ in range(30):
+        g = random_chain(rng)
+        lowest = solve("rotor", g, 0).peak_bytes
+        assert lowest <= 1.02 * solve("checkmate", g, 0, coarsen=None).peak_bytes
+        for budget in budgets_from(g, lowest, count=3):
+            plan = solve("rotor", g, budget)
+            assert plan.peak_bytes <= budget
+            ratios.append(plan.compute_seconds / milp(g, budget).compute_seconds)
+    within = sum(r <= 1.02 for r in ratios) / len(ratios)
+    assert within >= 0.9 and statistics.geometric_mean(ratios) <= 1.01 and max(ratios) <= 1.25
+
+
+def test_hierarchical_near_the_milp_on_residual_blocks():
+    """Seeded random chains of 2-3 residual blocks, at 4 budgets from hierarchical's smallest peak
+    up: never worse than Rotor, and close to the MILP — but not within 2% everywhere (measured when
+    written: 62% of the plans within 2%, geometric mean 1.029, worst 1.125; see the closing note of
+    issue 4). On a real ResNet (next test) every plan is within 2%."""
+    rng = random.Random(1)
+    ratios = []
+    for _ in range(8):
+        blocks = rng.randint(2, 3)
+        sizes = [(rng.choice([100, 200, 400, 600]), 300) for _ in range(blocks)]
+        costs = [(float(rng.randint(1, 4)), float(rng.randint(1, 4))) for _ in range(blocks)]
+        g = residual_blocks(sizes, costs)
+        lowest = solve("hierarchical", g, 0).peak_bytes  # may lie above the MILP's: see the closing note
+        for budget in budgets_from(g, lowest, count=4):
+            plan = solve("hierarchical", g, budget)
+            assert plan.peak_bytes <= budget
+            ratios.append(plan.compute_seconds / milp(g, budget).compute_seconds)
+            rotor = solve("rotor", g, budget)
+            if rotor.peak_bytes <= budget:
+                assert plan.compute_seconds <= rotor.compute_seconds + 1e-9
+    within = sum(r <= 1.02 for r in ratios) / len(ratios)
+    print(f"within 2%: {within:.2f}, geometric mean {statistics.geometric_mean(ratios):.4f}, worst {max(ratios):.3f}")
+    assert within >= 0.6 and statistics.geometric_mean(ratios) <= 1.04 and max(ratios) <= 1.15, (within, ratios)
+
+
+def test_hierarchical_within_two_percent_of_the_milp_on_resnet():
+    ex = zoo.build("resnet", size="tiny")
+    plan, _ = capture_and_plan(ex.model, *ex.args, solver="store_all", cost_model="unit", **ex.kwargs)
+    g = plan.graph
+    lowest = solve("hierarchical", g, 0).peak_bytes
+    for budget in budgets_from(g, lowest, count=5)[1:]:
+        ours = solve("hierarchical", g, budget)
+        assert ours.peak_bytes <= budget
+        reference = solve("checkmate", g, budget, time_limit=60, coarsen=None)
+        assert reference.info["status"] == "optimal"
+        assert ours.compute_seconds <= 1.02 * reference.compute_seconds + 1e-9
+
+
+# ---------------------------------------------------------------------------------- reuse and limits
+def test_identical_blocks_are_solved_once_and_new_budgets_rerun_only_the_dp(monkeypatch):
+    calls = []
+    real = checkmate_module.solve_milp
+
+    def counting(graph, *args, **kwargs):
+        calls.append(graph.structural_hash)
+        return real(graph, *args, **kwargs)
+
+    monkeypatch.setattr(checkmate_module, "solve_milp", counting)
+    _CACHE.clear()
+    g = residual_blocks([(300, 300)] * 4, [(2.0, 1.0)] * 4, name="four_same")
+    hierarchical_planner(g)
+    # four residual blocks, two backward deals: per deal one class for the blocks that are alike
+    # and one for the last (it also runs the loss's backward) -- not one menu per block
+    assert 1 <= len(set(calls)) <= 4 < 2 * 4
+    top = solve("store_all", g, None).peak_bytes
+    first = solve("hierarchical", g, int(top * 0.7))
+    made = len(calls)
+    second = solve("hierarchical", g, int(top * 0.6))
+    assert len(calls) == made  # no MILP for a new budget
+    assert first.fits() and second.fits()
+
+
+def test_rotor_tables_serve_nearby_budgets():
+    _CACHE.clear()
+    g = chain(n=8, size=10_000)
+    planners = rotor_planner(g)  # one DP per backward deal
+    top = solve("store_all", g, None).peak_bytes
+    solve("rotor", g, int(top * 0.9))
+    tables = [len(p.tables) for p in planners]
+    solve("rotor", g, int(top * 0.85))
+    assert [len(p.tables) for p in planners] == tables  # same slot size: same tables
+
+
+def test_hierarchical_time_limit_warns_and_still_plans():
+    _CACHE.clear()
+    ex = zoo.build("gpt2", size="small")
+    plan, _ = capture_and_plan(ex.model, *ex.args, solver="store_all", **ex.kwargs)
+    with pytest.warns(SolverTimeLimitWarning, match="time limit"):
+        p = solve("hierarchical", plan.graph, int(plan.peak_bytes * 0.6), time_limit=0.0)
+    assert p.fits() and "incomplete" in p.info["status"]
+    _CACHE.clear()
+
+
+def test_below_the_smallest_peak_rotor_returns_its_smallest_plan():
+    g = chain(n=6)
+    smallest = solve("rotor", g, 0)
+    assert smallest.peak_bytes == solve("checkmate", g, 0).peak_bytes
+    with pytest.raises(remat.InfeasibleBudgetError) as err:
+        from remat.planner import make_plan
+
+        make_plan(g, smallest.peak_bytes - 1, "rotor")
+    assert err.value.min_budget_bytes == smallest.peak_bytes
+
+
+# ---------------------------------------------------------------------------------- API
+def test_auto_uses_hierarchical_on_large_graphs():
+    ex = zoo.build("gpt2", size="small")
+    plan = remat.plan(ex.model, *ex.args, budget=0.5, **ex.kwargs)
+    assert len(plan.graph.nodes) > 100
+    assert plan.solver == "hierarchical" and plan.fits()
+    assert "hierarchical" in plan.info["chosen by"]
+
+
+def test_pareto_captures_once_and_marks_infeasible_budgets():
+    ex = zoo.build("mlp", size="tiny")
+    front = remat.pareto(ex.model, *ex.args, solvers=["rotor", "hierarchical", "chen_sqrt"],
+                         budgets=[1.0, 0.6, 0.4, 0.01], **ex.kwargs)
+    assert list(front) == ["rotor", "hierarchical", "chen_sqrt"]
+    assert front.budgets[0] == front.store_all_peak
+    for plans in front.values():
+        assert len(plans) == 4
+        assert plans[-1] is None  # 1% of the peak: nothing fits
+        for p, b in zip(plans, front.budgets):
+            assert p is None or p.peak_bytes <= b
+    assert front["hierarchical"][0].overhead == pytest.approx(0.0, abs=1e-9)
+    # overhead never decreases as the budget shrinks
+    costs = [p.compute_seconds for p in front["hierarchical"] if p is not None]
+    assert costs == sorted(costs)
+    assert "MiB" in front.table()
+    with pytest.raises(SolverError, match="unknown solver"):
+        remat.pareto(ex.model, *ex.args, solvers=["nope"], **ex.kwargs)
