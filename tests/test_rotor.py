@@ -192,14 +192,15 @@ def test_rotor_within_two_percent_of_the_milp_on_random_chains():
             assert plan.peak_bytes <= budget
             ratios.append(plan.compute_seconds / milp(g, budget).compute_seconds)
     within = sum(r <= 1.02 for r in ratios) / len(ratios)
-    assert within >= 0.9 and statistics.geometric_mean(ratios) <= 1.01 and max(ratios) <= 1.25
+    # measured when written: 99% within 2%, geometric mean 1.0014, one chain at 1.22
+    assert within >= 0.95 and statistics.geometric_mean(ratios) <= 1.005 and max(ratios) <= 1.25
 
 
 def test_hierarchical_near_the_milp_on_residual_blocks():
     """Seeded random chains of 2-3 residual blocks, at 4 budgets from hierarchical's smallest peak
-    up: never worse than Rotor, and close to the MILP — but not within 2% everywhere (measured when
-    written: 62% of the plans within 2%, geometric mean 1.029, worst 1.125; see the closing note of
-    issue 4). On a real ResNet (next test) every plan is within 2%."""
+    up: never worse than Rotor, and within 2% of the MILP nearly everywhere (measured when written:
+    96% of the plans, geometric mean 1.0015, worst 1.049). On a real ResNet (next test) every plan
+    is within 2%."""
     rng = random.Random(1)
     ratios = []
     for _ in range(8):
@@ -216,8 +217,7 @@ def test_hierarchical_near_the_milp_on_residual_blocks():
             if rotor.peak_bytes <= budget:
                 assert plan.compute_seconds <= rotor.compute_seconds + 1e-9
     within = sum(r <= 1.02 for r in ratios) / len(ratios)
-    print(f"within 2%: {within:.2f}, geometric mean {statistics.geometric_mean(ratios):.4f}, worst {max(ratios):.3f}")
-    assert within >= 0.6 and statistics.geometric_mean(ratios) <= 1.04 and max(ratios) <= 1.15, (within, ratios)
+    assert within >= 0.9 and statistics.geometric_mean(ratios) <= 1.01 and max(ratios) <= 1.06, (within, ratios)
 
 
 def test_hierarchical_within_two_percent_of_the_milp_on_resnet():

@@ -96,6 +96,7 @@ class Block:
     """One stage as a standalone Graph (``graph``); ``nodes[i]`` is the chain-graph id of local node ``i``."""
 
     graph: Graph
+    tail_graph: Graph  # the same, with x_k no forward output: the stage when it ends a segment
     nodes: tuple[int, ...]
     input_values: frozenset  # local ids of x_{k-1}
     output_values: frozenset  # local ids of x_k
@@ -371,10 +372,16 @@ def _block_graph(chain: Chain, k: int) -> Block:
     meta["no_backward_recompute"] = sorted(pos[n] for n in graph.meta.get("no_backward_recompute", ()) if n in pos)
     block = Graph(tuple(new_nodes), tuple(new_values), tuple(forward_outputs), tuple(backward_outputs),
                   f"{graph.name} stage {k}", meta)
+    # the stage as the last of a segment: later stages are done, x_k is needed only by B_k
+    graph_out_local = {local[v] for v in graph_fwd_out if v in local}
+    tail_outputs = [v for v in forward_outputs if v in graph_out_local]
+    tail = Graph(tuple(new_nodes), tuple(new_values), tuple(tail_outputs), tuple(backward_outputs),
+                 f"{graph.name} stage {k} (tail)", meta)
     pinned = sum(values[v].bytes for v in graph.forward_outputs if v in local and values[v].kind == ACTIVATION
                  and values[v].producer in member_set)
     return Block(
         block,
+        tail,
         members,
         frozenset(previous_stage),
         frozenset(local[v] for v in stage.outputs),

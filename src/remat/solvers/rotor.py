@@ -30,8 +30,10 @@ constants, 0)``.
 One extension to Rotor: a flag ``have`` says that ``x_l`` is still resident, kept as the
 checkpoint of a split; a stage whose backward reads nothing of its forward but ``x_{l-1}`` and
 ``x_l`` (a ReLU, a linear layer) then runs ``B_l`` straight away instead of ``F_all`` again
-(``T(l, l, m, keep, have=1) = b_l``); one whose backward reads only ``x_{l-1}`` does so even
-without the flag. Without these Rotor misses the optimum even on plain chains (keep ``x_2``,
+(``T(l, l, m, keep, have=1) = b_l``). And the last stage of a recomputed segment owes ``x_l`` to
+no one but its own backward: there each option runs its forward pruned to what its backward
+reads (a residual block skips its final add; a stage whose backward reads only ``x_{l-1}`` runs
+no forward at all). Without these Rotor misses the optimum even on plain chains (keep ``x_2``,
 recompute ``x_1`` only). The split offers both: ``x_{j-1}`` dropped after
 ``T(j, l, ·)`` or kept for ``T(i, j-1, ·, have=1)``. The graph is decomposed with each backward
 deal of :mod:`~remat.solvers.chain` and the cheaper plan is kept.
@@ -92,13 +94,17 @@ class Option:
         )
 
 
-def option_from_schedule(block: Block, forward_local, backward_local, label: str) -> Option:
-    """Measure a schedule of the stage's graph (local node ids) with the simulator."""
-    g = block.graph
+def option_from_schedule(block: Block, forward_local, backward_local, label: str, *, tail: bool = False) -> Option:
+    """Measure a schedule of the stage's graph (local node ids) with the simulator; ``tail``: as the
+    last stage of a segment (x_k no longer owed to the next stage), its forward pruned to what the
+    backward needs."""
+    g = block.tail_graph if tail else block.graph
+    if tail:
+        forward_local, backward_local = _prune_forward(g, list(forward_local), list(backward_local))
     sim = Plan.from_schedule(g, forward_local, backward_local).simulation
     reads = {v for i in backward_local for v in g.nodes[i].inputs}
     needs_output = bool(reads & block.output_values)
-    out_bytes = sum(g.values[v].bytes for v in block.output_values)
+    out_bytes = 0 if tail else sum(g.values[v].bytes for v in block.output_values)
     return Option(
         label,
         tuple(block.to_chain_ids(forward_local)),
@@ -112,6 +118,22 @@ def option_from_schedule(block: Block, forward_local, backward_local, label: str
         bool(reads & block.input_values),
         needs_output,
     )
+
+
+def _prune_forward(g: Graph, forward: list[int], backward: list[int]) -> tuple[list[int], list[int]]:
+    """Drop computations whose outputs nothing later reads (nor the graph's outputs need)."""
+    needed = set(g.backward_outputs)
+    kept_backward, kept_forward = [], []
+    for seq, kept, boundary_outputs in ((backward, kept_backward, g.forward_outputs), (forward, kept_forward, ())):
+        for i in reversed(seq):
+            node = g.nodes[i]
+            if node.phase == FORWARD and not any(v in needed for v in node.outputs):
+                continue
+            needed.difference_update(node.outputs)
+            needed.update(node.inputs)
+            kept.append(i)
+        needed.update(boundary_outputs)
+    return kept_forward[::-1], kept_backward[::-1]
 
 
 def store_all_option(block: Block) -> Option:
@@ -168,6 +190,12 @@ class ChainDP:
         self.a_out = [sum(b.graph.values[v].bytes for v in b.output_values) for b in blocks]
         # a stage whose backward reads nothing of its forward but x_{k-1} and x_k can run B_k
         # straight from a checkpointed x_k, without running its forward again
+        # each option again as the last stage of a segment, its forward pruned (see option_from_schedule)
+        self.tails = [
+            [option_from_schedule(b, [b.local_id[c] for c in o.forward], [b.local_id[c] for c in o.backward],
+                                  o.label, tail=True) for o in menu]
+            for b, menu in zip(blocks, menus)
+        ]
         self.direct: list[Option | None] = []  # B_k without F_k: its backward reads no tape
         self.skip: list[Option | None] = []  # ... and reads x_k: worth keeping x_k for it
         for b in blocks:
@@ -209,11 +237,12 @@ class ChainDP:
         held = [up(x) for x in self.held]
         unseen = [up(x) for x in self.unseen]
         pn = [up(x) for x in self.pn]
-        menus = [
-            [(o.forward_seconds + o.backward_seconds, up(o.saved_bytes), up(o.forward_peak), up(o.backward_peak),
-              o.needs_input, o.needs_output) for o in menu]
-            for menu in self.menus
-        ]
+        def stats(menu):
+            return [(o.forward_seconds + o.backward_seconds, up(o.saved_bytes), up(o.forward_peak),
+                     up(o.backward_peak), o.needs_input, o.needs_output) for o in menu]
+
+        menus = [stats(menu) for menu in self.menus]
+        tails = [stats(menu) for menu in self.tails]
         inf = np.float32(np.inf)
         value: dict[tuple, np.ndarray] = {}
         choice: dict[tuple, np.ndarray] = {}
@@ -257,7 +286,8 @@ class ChainDP:
                             need = max(base, hold + unseen[i] + up(direct.backward_peak))
                             offer(np.full(size, direct.backward_seconds, dtype=np.float32), len(menus[i]), need)
                         if not (i == l and have):
-                            for c, (t, s, pf, pb, need_in, need_out) in enumerate(menus[i]):
+                            last = i == l < L - 1  # a recomputed segment's last stage: pruned forward
+                            for c, (t, s, pf, pb, need_in, need_out) in enumerate(tails[i] if last else menus[i]):
                                 hold = a_in[i] if (keep or need_in) else 0
                                 need = max(base + pf, hold + unseen[i] + pb)
                                 if i == l:
@@ -304,12 +334,13 @@ class ChainDP:
             if c == len(self.menus[i]):  # B_l without its forward
                 out.append(("S", i))
             elif c >= 0:
-                o = self.menus[i][c]
+                tail = i == l < L - 1
+                o = (self.tails if tail else self.menus)[i][c]
                 hold = up(self.a_in[i]) if (keep or o.needs_input) else 0
-                later = [("B", i, c)]
+                later = [("B", i, c, tail)]
                 if i < l:
                     later.append(("solve", i + 1, l, int(o.needs_output), have, mm - hold - up(o.saved_bytes)))
-                later.append(("F", i, c))
+                later.append(("F", i, c, tail))
                 stack.extend(later)  # popped in reverse: F, solve, B
             else:
                 j, kept = divmod(-c, 2)
@@ -327,13 +358,13 @@ class ChainDP:
             if ev[0] == "N":
                 target.extend(chain.stages[ev[1]].forward)
             elif ev[0] == "F":
-                target.extend(self.menus[ev[1]][ev[2]].forward)
+                target.extend((self.tails if ev[3] else self.menus)[ev[1]][ev[2]].forward)
                 if ev[1] == L - 1:
                     target = backward  # the loss stage's forward ends the forward pass
             elif ev[0] == "S":
                 target.extend(self.direct[ev[1]].backward)
             else:
-                target.extend(self.menus[ev[1]][ev[2]].backward)
+                target.extend((self.tails if ev[3] else self.menus)[ev[1]][ev[2]].backward)
         return Plan.from_schedule(chain.graph, forward, backward, **plan_kwargs)
 
     def smallest_slots(self, slot: int) -> int | None:
