@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from remat.errors import SolverTimeLimitWarning
+from remat.errors import SolverError, SolverTimeLimitWarning
 from remat.graph import BACKWARD, GraphBuilder
 from remat.solvers import SOLVERS, solve
 
@@ -154,3 +154,17 @@ def test_recompute_respects_mutated_inputs():
     assert "a" in free_bwd  # the cheapest way down: recompute a for br
     assert "a" not in pinned_bwd  # reads a mutated input: never recomputed in the backward
     assert pinned.peak_bytes > free.peak_bytes
+
+
+def test_save_budget_bounds_what_the_forward_keeps():
+    """Rockmate's second budget: the bytes the forward leaves for the backward."""
+    from remat.solvers.checkmate import solve_milp
+
+    g = chain(n=6, size=100)
+    free = solve_milp(g, 10**6)
+    assert free.saved_bytes == 600  # f1..f6: every backward op reads its layer's input and output
+    bounded = solve_milp(g, 10**6, save_budget_bytes=250)
+    assert bounded.saved_bytes <= 250 < free.saved_bytes
+    assert bounded.compute_seconds > free.compute_seconds  # it recomputes what it did not keep
+    with pytest.raises(SolverError, match="saves at most"):
+        solve_milp(g, 440, save_budget_bytes=0)
