@@ -61,20 +61,11 @@ class Chain:
     pinned_bytes: int  # the graph's forward outputs, held by the user from the forward on
     held_backward: list[int]  # H[k]: gradient-side bytes alive when B_k starts
     consumed_backward: list[int] = field(default_factory=list)  # of H[k], bytes whose last reader is in B_k
+    _blocks: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def length(self) -> int:
         return len(self.stages)
-
-    def input_bytes(self, k: int) -> int:
-        return sum(self.graph.values[v].bytes for v in self.stages[k].inputs)
-
-    def output_bytes(self, k: int) -> int:
-        return sum(self.graph.values[v].bytes for v in self.stages[k].outputs)
-
-    @cached_property
-    def _blocks(self) -> dict:
-        return {}
 
     def block_graph(self, k: int) -> "Block":
         """Stage ``k`` as a Graph of its own, with the maps between its ids and the chain's."""
