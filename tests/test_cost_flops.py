@@ -227,7 +227,7 @@ def test_roofline_refresh_and_bad_cache(tmp_path, monkeypatch):
 
     def fake_measure(dev):
         calls.append(dev)
-        return 1e9 * len(calls), 1e8, 1e-6
+        return 1e9 * len(calls), 1e8, 1e-6, 1e8
 
     monkeypatch.setattr(machine, "_measure", fake_measure)
     first = machine_roofline()
@@ -296,3 +296,19 @@ def test_roofline_measured_under_fake_mode_is_real(tmp_path, monkeypatch):
         roofline = machine_roofline("cpu")
     assert roofline.flops_per_second < 1e13 and roofline.bytes_per_second < 1e12
     assert roofline.op_overhead_seconds < 3e-5
+
+
+def test_random_ops_cost_at_least_their_drawing_rate():
+    """A dropout draws one number per element: on a CPU that, not its bytes, bounds its time."""
+    x = torch.randn(1 << 20)
+    gm = torch.fx.symbolic_trace(lambda t: torch.ops.aten.native_dropout.default(t, 0.1, True))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        FakeTensorProp(gm, mode).propagate(x)
+    (node,) = [n for n in gm.graph.nodes if n.op == "call_function"]
+    slow_rng = Roofline(**{**vars(FIXED), "random_elements_per_second": 1e8})
+    seconds = FlopsCostModel(slow_rng).node_seconds(node)
+    assert seconds == pytest.approx((1 << 20) / 1e8 + slow_rng.op_overhead_seconds)
+    assert FlopsCostModel(FIXED).node_seconds(node) < seconds  # the bytes alone say less

@@ -262,7 +262,8 @@ class FlopsCostModel:
     """Roofline cost of ATen op nodes on one device.
 
     ``node_seconds(node) = max(node_flops / F, node_bytes / B) + t_op`` for an op, 0 for a
-    node that costs nothing (see the module docstring). ``F``, ``B``, ``t_op`` come from
+    node that costs nothing (see the module docstring); a random op (dropout) costs at least
+    ``elements / R + t_op``, ``R`` the measured rate of drawing random numbers. ``F``, ``B``, ``t_op`` come from
     ``roofline``, by default the measured (and disk-cached) roofline of ``device``.
     """
 
@@ -275,7 +276,12 @@ class FlopsCostModel:
         """Predicted seconds of one node."""
         if _costs_nothing(node):
             return 0.0
-        return self.roofline.seconds(node_flops(node), node_bytes(node))
+        seconds = self.roofline.seconds(node_flops(node), node_bytes(node))
+        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+            # a random op draws one number per output element, at the measured rate
+            drawn = max((t.numel() for t in _tensors(_val(node))), default=0)
+            seconds = max(seconds, drawn / self.roofline.random_elements_per_second + self.roofline.op_overhead_seconds)
+        return seconds
 
     def __repr__(self) -> str:
         r = self.roofline

@@ -50,7 +50,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 __all__ = ["Roofline", "machine_roofline", "cache_dir"]
 
 # Bump when the measurement procedure changes, so old cache files are not reused.
-_METHOD_VERSION = 2  # 2: measured outside any fake/dispatch mode (1 could be measured on fake tensors)
+_METHOD_VERSION = 3  # 2: measured outside any fake/dispatch mode (1 could be measured on fake tensors); 3: RNG rate
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,9 @@ class Roofline:
     bytes_per_second: float
     op_overhead_seconds: float
     device_name: str
+    # elements a random op (dropout) draws per second: on a CPU generating random numbers, not
+    # moving bytes, bounds it (8 dropout replays cost 36 ms where the bytes said 1 ms)
+    random_elements_per_second: float = float("inf")
 
     def seconds(self, flops: float, nbytes: float) -> float:
         """``max(flops / flops_per_second, nbytes / bytes_per_second) + op_overhead_seconds``."""
@@ -104,13 +107,14 @@ def machine_roofline(device: torch.device | str = "cpu", *, refresh: bool = Fals
         t0 = time.perf_counter()
         # the cost model is built inside torch.compile, under AOTAutograd's fake mode: measure real tensors
         with _disable_current_modes():
-            flops_ps, bytes_ps, overhead = _measure(dev)
+            flops_ps, bytes_ps, overhead, random_ps = _measure(dev)
         elapsed = time.perf_counter() - t0
         roofline = Roofline(
             flops_per_second=float(flops_ps),
             bytes_per_second=float(bytes_ps),
             op_overhead_seconds=float(overhead),
             device_name=key["device_name"],
+            random_elements_per_second=float(random_ps),
         )
         _store(path, key, roofline, elapsed)
         _MEMO[memo_key] = roofline
@@ -178,11 +182,12 @@ def _load(path: Path, key: dict) -> Roofline | None:
             bytes_per_second=float(r["bytes_per_second"]),
             op_overhead_seconds=float(r["op_overhead_seconds"]),
             device_name=str(r["device_name"]),
+            random_elements_per_second=float(r["random_elements_per_second"]),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if not (roofline.flops_per_second > 0 and roofline.bytes_per_second > 0
-            and roofline.op_overhead_seconds >= 0):
+            and roofline.op_overhead_seconds >= 0 and roofline.random_elements_per_second > 0):
         return None
     return roofline
 
@@ -251,8 +256,8 @@ def _llc_bytes() -> int:
     return best or (32 << 20)
 
 
-def _measure(dev: torch.device) -> tuple[float, float, float]:
-    """Measure (flops/s, bytes/s, seconds per op) on ``dev``; 0.3 to 1.2 s on a 2-core CPU.
+def _measure(dev: torch.device) -> tuple[float, float, float, float]:
+    """Measure (flops/s, bytes/s, seconds per op, dropout elements/s) on ``dev``; 0.3 to 1.5 s on a 2-core CPU.
 
     The three benchmarks run interleaved, in rounds, and each keeps its best round: on a
     machine shared with other processes this catches the quiet moments.
@@ -305,12 +310,20 @@ def _measure(dev: torch.device) -> tuple[float, float, float]:
 
         tiny_loop()  # warm-up
 
+        # A dropout of 4M elements: the rate at which random ops draw
+        r_numel = 1 << 22
+        r_in = torch.ones(r_numel, device=dev)
+        dropout = lambda: torch.ops.aten.native_dropout.default(r_in, 0.1, True)  # noqa: E731
+        dropout()  # warm-up
+        t_rand = _seconds(dropout, sync)
+
         t_tiny = float("inf")
         start = time.perf_counter()
         for r in range(max_rounds):
             t_mm = min(t_mm, _seconds(mm, sync, mm_inner))
             t_add = min(t_add, _seconds(add_big, sync, add_inner))
             t_tiny = min(t_tiny, _seconds(tiny_loop, sync) / overhead_iters)
+            t_rand = min(t_rand, _seconds(dropout, sync))
             if r + 1 >= min_rounds and time.perf_counter() - start > time_limit:
                 break
-    return 2.0 * n * n * n / t_mm, 3.0 * numel * 4 / t_add, t_tiny
+    return 2.0 * n * n * n / t_mm, 3.0 * numel * 4 / t_add, t_tiny, r_numel / t_rand
