@@ -446,7 +446,9 @@ def measured_md(runs: list[tuple[Method, dict]], cfg: dict, rounds: int, dropout
                 f"| {p.label} | {mib(p.budget)} | {mib(p.predicted_peak)} | {mib(p.peak)} | {p.peak / p.predicted_peak:.3f} | "
                 f"{pct(p.predicted_overhead)} | {pct(p.overhead)} | {p.seconds * 1e3:.0f} |"
             )
-        lines.append("")
+        gaps = [(p.overhead - p.predicted_overhead) * 100 for p in method.points]
+        lines += ["", f"Measured − predicted overhead over these plans: mean {statistics.mean(gaps):+.1f} points, "
+                      f"range {min(gaps):+.1f} to {max(gaps):+.1f}.", ""]
     if dropout:
         ratio = dropout["measured"] / dropout["predicted"]
         verdict = ("priced close to what it costs" if 0.5 <= ratio <= 2 else
@@ -564,7 +566,7 @@ NOTES = """## Notes
   8cfb52d the `flops` roofline priced dropout's random-number drawing about 20× below its cost on this CPU, and
   measured overheads of the `flops` plans sat 5–8 points above the predictions from the first recomputation on
   (the planner replayed dropouts believing them free); random ops now cost at least their measured drawing rate.
-  The `native_dropout` line in section 2 checks this on every run.
+  The `native_dropout` line and the measured − predicted summaries in section 2 check this on every run.
 - **torch.compile's budget bounds saved activations, not the peak.** At `activation_memory_budget` 0.0 the
   partitioner saves only the forward's inputs and recomputes the whole forward inside the one backward graph,
   where the recomputed activations all live at once: the peak is not lower than at 1.0. Small non-zero budgets
