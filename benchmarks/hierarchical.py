@@ -361,7 +361,7 @@ def planning_md(r: dict) -> list[str]:
         "",
         f"- joint graph: **{r['nodes']} nodes**; store_all peak {mib(store)} MiB predicted "
         f"(parameter gradients {mib(grads)} MiB of it)",
-        f"- hierarchical decomposition: {info.get('blocks')} blocks in the chain; {info.get('classes')} distinct block "
+        f"- hierarchical decomposition: {info.get('blocks')} blocks in the chain; {info.get('classes (both deals)')} distinct block "
         "classes given a MILP menu (over all candidate chain decompositions); "
         f"{info.get('menu milps')} block MILPs ({info.get('menu infeasible')} infeasible, "
         f"{info.get('menu not optimal')} not proven optimal, {info.get('menu skipped')} skipped), "
@@ -426,7 +426,7 @@ def measured_md(runs: list[tuple[Method, dict]], cfg: dict, rounds: int, dropout
         f"GPT-2: {cfg['n_layer']} layers, d_model {cfg['n_embd']}, {cfg['n_head']} heads, sequence {cfg['seq']}, "
         f"batch {cfg['batch']}, vocab {cfg['vocab']}; joint graph {info['nodes']} nodes; parameter gradients "
         f"{mib(info['grads'])} MiB; hierarchical: {info['plan_info'].get('blocks')} blocks, "
-        f"{info['plan_info'].get('classes')} block classes with MILP menus. remat store_all: predicted {mib(info['store_predicted'])} MiB, "
+        f"{info['plan_info'].get('classes (both deals)')} block classes with MILP menus. remat store_all: predicted {mib(info['store_predicted'])} MiB, "
         f"measured {mib(method.baseline_peak)} MiB, {method.baseline_seconds * 1e3:.0f} ms/step. "
         f"Overhead: median over {rounds} rounds of (plan step ÷ store_all step), run alternately, minus 1. "
         "Planned twice, with each of remat's cost models: `flops` (the default: a roofline from FLOPs and bytes "

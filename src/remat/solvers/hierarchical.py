@@ -90,7 +90,8 @@ class HierarchicalPlanner:
     def __init__(self, graph: Graph, time_limit: float):
         start = time.perf_counter()
         chains = chains_or_error(graph, "hierarchical")
-        self.stats = {"blocks": chains[0].length, "classes": 0, "milps": 0, "infeasible": 0,
+        # blocks: of one chain; classes: distinct blocks given a menu, over both backward deals
+        self.stats = {"blocks": chains[0].length, "classes (both deals)": 0, "milps": 0, "infeasible": 0,
                       "not optimal": 0, "skipped": 0}
         menus_of: dict[tuple, list[tuple]] = {}  # block key -> schedules, shared by the chains
         self.dps = []
@@ -107,7 +108,7 @@ class HierarchicalPlanner:
                 if key not in menus_of:
                     left = time_limit - (time.perf_counter() - start)
                     menus_of[key], stats = block_menu(blocks[members[0]], time_limit=max(0.0, left))
-                    self.stats["classes"] += 1
+                    self.stats["classes (both deals)"] += 1
                     for name in ("milps", "infeasible", "not optimal", "skipped"):
                         self.stats[name] += stats[name]
                 for k in members:
@@ -122,7 +123,7 @@ class HierarchicalPlanner:
 
     def solve(self, budget_bytes: int | None) -> Plan:
         plan = best_plan(self.dps, budget_bytes, "hierarchical")
-        plan.info.update({k if k in ("blocks", "classes", "options", "menu seconds") else f"menu {k}": v
+        plan.info.update({k if k in ("blocks", "classes (both deals)", "options", "menu seconds") else f"menu {k}": v
                           for k, v in self.stats.items()})
         if self.stats["skipped"]:
             plan.info["status"] = "time limit: some block menus are incomplete"
