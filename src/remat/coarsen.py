@@ -27,7 +27,7 @@ from typing import Callable
 
 from .errors import SolverError
 from .graph import BACKWARD, FORWARD, Graph, Node, Value
-from .plan import COMPUTE, Plan
+from .plan import Plan
 
 AUTO_MAX_NODES = 160  # "auto" coarsens graphs larger than this, as little as gets them under it
 
@@ -41,9 +41,9 @@ class Coarsened:
 
     def expand(self, coarse_plan: Plan, **plan_kwargs) -> Plan:
         """The op-level plan running each coarse node's ops where the coarse plan runs it."""
-        computes = [(i, ins.target) for i, ins in enumerate(coarse_plan.instructions) if ins.kind == COMPUTE]
-        forward = [op for i, c in computes if i < coarse_plan.boundary for op in self.members[c]]
-        backward = [op for i, c in computes if i >= coarse_plan.boundary for op in self.members[c]]
+        coarse_forward, coarse_backward = coarse_plan.schedule()
+        forward = [op for c in coarse_forward for op in self.members[c]]
+        backward = [op for c in coarse_backward for op in self.members[c]]
         info = dict(coarse_plan.info)
         info["coarsened"] = f"{len(self.graph.nodes)} module-level nodes from {len(self.original.nodes)} ops (level {self.level})"
         info["coarse peak"] = coarse_plan.peak_bytes

@@ -123,6 +123,13 @@ class Graph:
         h.update(f"o{self.forward_outputs}{self.backward_outputs}".encode())
         return h.hexdigest()[:16]
 
+    @cached_property
+    def planning_key(self) -> tuple:
+        """Structure, costs and meta: graphs with equal keys get the same plans (cache key)."""
+        costs = tuple(round(n.cost, 12) for n in self.nodes)
+        meta = json.dumps(self.meta, sort_keys=True, default=str)  # mutated inputs, RNG state size …
+        return (self.structural_hash, hash(costs), meta)
+
     def __hash__(self) -> int:  # frozen dataclass with a dict field
         return hash(self.structural_hash)
 

@@ -297,6 +297,11 @@ class Plan:
     def backward_instructions(self) -> tuple[Instruction, ...]:
         return self.instructions[self.boundary :]
 
+    def schedule(self) -> tuple[list[int], list[int]]:
+        """(forward, backward) node ids in the order the plan computes them (repeats: recomputations)."""
+        computes = [(i, ins.target) for i, ins in enumerate(self.instructions) if ins.kind == COMPUTE]
+        return [t for i, t in computes if i < self.boundary], [t for i, t in computes if i >= self.boundary]
+
     @property
     def recomputations(self) -> int:
         return self.simulation.computes - len(self.graph.nodes)

@@ -13,7 +13,6 @@ budget, solver, options).
 
 from __future__ import annotations
 
-import json
 import time
 
 from .budget import resolve_budget
@@ -26,9 +25,7 @@ _CACHE: dict[tuple, Plan] = {}
 
 
 def _cache_key(graph: Graph, budget_bytes, solver, options) -> tuple:
-    costs = tuple(round(n.cost, 12) for n in graph.nodes)
-    meta = json.dumps(graph.meta, sort_keys=True, default=str)  # mutated inputs, RNG state size …
-    return (graph.structural_hash, hash(costs), meta, budget_bytes, solver, tuple(sorted(options.items())))
+    return graph.planning_key + (budget_bytes, solver, tuple(sorted(options.items())))
 
 
 AUTO_TIME_LIMIT = 30.0

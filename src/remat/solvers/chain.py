@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..errors import SolverError
+from .schedule import forward_articulation_points
 from ..graph import ACTIVATION, BACKWARD, FORWARD, INPUT, TANGENT, Graph, Node, Value
 
 MAX_STAGES = 96  # more stages are merged (cheapest neighbours first): the DP is cubic in them
@@ -73,14 +74,6 @@ class Chain:
             self._blocks[k] = _block_graph(self, k)
         return self._blocks[k]
 
-    def describe(self) -> str:
-        nodes = self.graph.nodes
-        return "; ".join(
-            f"{s.index}: {nodes[s.forward[0]].name}..{nodes[s.forward[-1]].name} "
-            f"({len(s.forward)}+{len(s.backward)} ops)"
-            for s in self.stages
-        )
-
 
 @dataclass
 class Block:
@@ -100,8 +93,7 @@ class Block:
     @cached_property
     def key(self) -> tuple:
         """Equal keys: identical blocks (same ops, shapes, edges and costs) that share one plan menu."""
-        costs = tuple(round(n.cost, 12) for n in self.graph.nodes)
-        return (self.graph.structural_hash, costs, tuple(sorted(self.input_values)), tuple(sorted(self.output_values)))
+        return self.graph.planning_key + (tuple(sorted(self.input_values)), tuple(sorted(self.output_values)))
 
     def to_chain_ids(self, local_nodes) -> list[int]:
         return [self.nodes[i] for i in local_nodes]
@@ -125,25 +117,9 @@ def differentiable_nodes(graph: Graph) -> set[int]:
 
 
 def _cut_points(graph: Graph, body: list[Node], ignore: set[int]) -> list[int]:
-    """Positions p in ``body`` after which no value made before p is read after p (``ignore``d values aside)."""
+    """Positions in ``body`` after which a stage may end (its articulation points, the last excluded)."""
     pos = {n.id: i for i, n in enumerate(body)}
-    blocked = [0] * (len(body) + 1)
-    last_read: dict[int, int] = {}
-    for i, n in enumerate(body):
-        for v in n.inputs:
-            if graph.values[v].kind == ACTIVATION and v not in ignore:
-                last_read[v] = i
-    for v, r in last_read.items():
-        p = pos[graph.values[v].producer]
-        if r - p >= 2:
-            blocked[p + 1] += 1
-            blocked[r] -= 1
-    points, run = [], 0
-    for i in range(len(body)):
-        run += blocked[i]
-        if run == 0 and i < len(body) - 1:
-            points.append(i)
-    return points
+    return [pos[k] for k in forward_articulation_points(graph, body, ignore)][:-1]
 
 
 def decompose(graph: Graph, *, deal: str = "newest", max_stages: int = MAX_STAGES) -> Chain:

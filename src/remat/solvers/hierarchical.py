@@ -27,10 +27,10 @@ import warnings
 
 from ..errors import SolverError, SolverTimeLimitWarning
 from ..graph import FORWARD, Graph
-from ..plan import COMPUTE, Plan
+from ..plan import Plan
 from . import SOLVERS, register
 from .chain import Block
-from .rotor import (ChainDP, Option, best_plan, cached, chains_or_error, graph_key, option_from_schedule,
+from .rotor import (ChainDP, Option, best_plan, cached, chains_or_error, option_from_schedule,
                     pareto_options, rotor_planner, store_all_option)
 
 SAVE_FRACTIONS = (0.0, 0.1, 0.25, 0.4, 0.6, 0.8)
@@ -39,11 +39,6 @@ MENU_TIME_LIMIT = 5.0  # per MILP with the peak unbounded
 PEAK_TIME_LIMIT = 2.0  # per MILP with the peak bounded (harder, and less often decisive)
 MIN_FORWARD_OPS = 3  # smaller blocks keep Rotor's three choices only
 DEFAULT_TIME_LIMIT = 120.0
-
-
-def _schedule_of(plan: Plan) -> tuple[list[int], list[int]]:
-    computes = [(i, ins.target) for i, ins in enumerate(plan.instructions) if ins.kind == COMPUTE]
-    return [t for i, t in computes if i < plan.boundary], [t for i, t in computes if i >= plan.boundary]
 
 
 def block_menu(block: Block, *, time_limit: float, menu_time_limit: float = MENU_TIME_LIMIT) -> tuple[list[tuple], dict]:
@@ -79,7 +74,7 @@ def block_menu(block: Block, *, time_limit: float, menu_time_limit: float = MENU
                 break
             if plan.info.get("status") != "optimal":
                 stats["not optimal"] += 1
-            schedules.append(_schedule_of(plan))
+            schedules.append(plan.schedule())
     stats["seconds"] = round(time.perf_counter() - start, 3)
     return schedules, stats
 
@@ -132,7 +127,7 @@ class HierarchicalPlanner:
 
 def hierarchical_planner(graph: Graph, time_limit: float | None = None) -> HierarchicalPlanner:
     limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
-    return cached(("hierarchical",) + graph_key(graph), lambda: HierarchicalPlanner(graph, limit))
+    return cached(("hierarchical",) + graph.planning_key, lambda: HierarchicalPlanner(graph, limit))
 
 
 @register("hierarchical")

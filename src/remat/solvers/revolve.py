@@ -43,7 +43,7 @@ from ..errors import SolverError
 from ..graph import ACTIVATION, FORWARD, Graph
 from ..plan import Plan
 from . import register
-from .schedule import cheapest_fitting
+from .schedule import cheapest_fitting, prune_unread
 
 
 # ------------------------------------------------------------------------ the binomial schedule
@@ -198,23 +198,7 @@ def revolve_schedule(graph: Graph, snapshots: int) -> tuple[list[int], list[int]
             if values[v].producer in pos:
                 ensure(pos[values[v].producer])
         backward.append(b.id)
-    return forward, _prune(graph, backward)
-
-
-def _prune(graph: Graph, backward: list[int]) -> list[int]:
-    """Drop recomputations whose outputs nothing reads before they are recomputed again."""
-    nodes, values = graph.nodes, graph.values
-    needed = {v for v in graph.backward_outputs}
-    kept: list[int] = []
-    for nid in reversed(backward):
-        node = nodes[nid]
-        if node.phase == FORWARD and not any(v in needed for v in node.outputs):
-            continue
-        needed.difference_update(node.outputs)
-        needed.update(v for v in node.inputs if values[v].kind == ACTIVATION)
-        kept.append(nid)
-    kept.reverse()
-    return kept
+    return forward, prune_unread(graph, backward, set(graph.backward_outputs))
 
 
 @register("revolve")

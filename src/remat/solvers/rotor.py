@@ -62,6 +62,7 @@ from ..graph import FORWARD, Graph
 from ..plan import Plan
 from . import register
 from .chain import DEALS, Block, Chain, decompose
+from .schedule import prune_unread
 
 SLOTS = 1000  # a budget is at least SLOTS/2 slots (rounding error ≤ 0.2% per term)
 PROBES_UP = (1.01, 1.02, 1.04, 1.07, 1.1, 1.15, 1.2)
@@ -123,17 +124,9 @@ def option_from_schedule(block: Block, forward_local, backward_local, label: str
 def _prune_forward(g: Graph, forward: list[int], backward: list[int]) -> tuple[list[int], list[int]]:
     """Drop computations whose outputs nothing later reads (nor the graph's outputs need)."""
     needed = set(g.backward_outputs)
-    kept_backward, kept_forward = [], []
-    for seq, kept, boundary_outputs in ((backward, kept_backward, g.forward_outputs), (forward, kept_forward, ())):
-        for i in reversed(seq):
-            node = g.nodes[i]
-            if node.phase == FORWARD and not any(v in needed for v in node.outputs):
-                continue
-            needed.difference_update(node.outputs)
-            needed.update(node.inputs)
-            kept.append(i)
-        needed.update(boundary_outputs)
-    return kept_forward[::-1], kept_backward[::-1]
+    kept_backward = prune_unread(g, backward, needed)
+    needed.update(g.forward_outputs)  # resident when the forward ends
+    return prune_unread(g, forward, needed), kept_backward
 
 
 def store_all_option(block: Block) -> Option:
@@ -154,27 +147,16 @@ def pareto_options(options) -> list[Option]:
 
 
 def no_save_forward(block: Block) -> tuple[float, int]:
-    """(time, peak) of running the stage's forward keeping nothing but x_k (F_∅)."""
+    """(time, peak) of F_∅: the stage's forward keeping nothing but x_k, as the simulator counts it
+    (the forward of a plan that recomputes the whole stage before its backward; replaying a random op
+    holds its generator state). A stage that cannot be recomputed never runs F_∅: (time, 0)."""
     g = block.graph
-    fwd = [n for n in g.nodes if n.phase == FORWARD]
-    keep = set(g.forward_outputs)
-    last: dict[int, int] = {}
-    for i, n in enumerate(fwd):
-        for v in n.inputs:
-            last[v] = i
-    current = peak = 0
-    for i, n in enumerate(fwd):
-        out = sum(g.values[v].bytes for v in n.outputs)
-        peak = max(peak, current + out + n.workspace)
-        current += out
-        for v in n.outputs:
-            if v not in keep and v not in last:  # never read: dropped at once
-                current -= g.values[v].bytes
-        for v in n.inputs:
-            if last.get(v) == i and g.values[v].kind == "activation" and v not in keep:
-                current -= g.values[v].bytes
-        peak = max(peak, current)
-    return sum(n.cost for n in fwd), peak
+    fwd = [n.id for n in g.nodes if n.phase == FORWARD]
+    bwd = [n.id for n in g.nodes if n.phase != FORWARD]
+    seconds = sum(g.nodes[i].cost for i in fwd)
+    if g.meta.get("no_backward_recompute"):
+        return seconds, 0
+    return seconds, Plan.from_schedule(g, fwd, fwd + bwd).simulation.forward_peak_bytes
 
 
 # ------------------------------------------------------------------------------ the DP
@@ -432,11 +414,6 @@ _CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = 8
 
 
-def graph_key(graph: Graph) -> tuple:
-    costs = tuple(round(n.cost, 12) for n in graph.nodes)
-    return (graph.structural_hash, hash(costs), repr(sorted(graph.meta.items())))
-
-
 def cached(key: tuple, make):
     """An LRU cache of chain planners (decomposition, menus, DP tables) shared across budgets."""
     if key in _CACHE:
@@ -498,7 +475,7 @@ def rotor_planner(graph: Graph) -> list[ChainDP]:
         return [ChainDP(chain, [[store_all_option(chain.block_graph(k))] for k in range(chain.length)])
                 for chain in chains_or_error(graph, "rotor")]
 
-    return cached(("rotor",) + graph_key(graph), make)
+    return cached(("rotor",) + graph.planning_key, make)
 
 
 @register("rotor")
@@ -510,4 +487,4 @@ def rotor(graph: Graph, budget_bytes: int | None, *, time_limit=None, **options)
 
 
 __all__ = ["rotor", "ChainDP", "Option", "option_from_schedule", "store_all_option", "pareto_options",
-           "no_save_forward", "rotor_planner", "chain_or_error", "chains_or_error", "best_plan", "cached", "graph_key"]
+           "no_save_forward", "rotor_planner", "chain_or_error", "chains_or_error", "best_plan", "cached"]

@@ -98,25 +98,26 @@ def check_cuts(cuts: str) -> str:
     return cuts
 
 
-def forward_articulation_points(graph: Graph) -> list[int]:
+def forward_articulation_points(graph: Graph, nodes=None, ignore=frozenset()) -> list[int]:
     """Forward nodes after which only their own outputs cross (node ids, in order).
 
     Node k is an articulation (cut) point when no forward activation produced by a node
     before k is read by a forward node after k: cutting the forward order right after k,
     the only values carried over are k's outputs. Parameters and user inputs (kind
     ``input``) never count, and neither do reads by backward nodes. The last forward node
-    is always one (nothing comes after it).
+    is always one (nothing comes after it). ``nodes``: the forward nodes to cut (default:
+    all of them, in order); values in ``ignore`` do not block a cut.
 
     >>> # stem, then blocks h -> a -> c -> add(c, h), then a loss
     >>> [graph.nodes[k].name for k in forward_articulation_points(graph)]
     ['stem', 'add0', 'add1', 'add2', 'loss']
     """
-    fwd = graph.forward_nodes
+    fwd = list(graph.forward_nodes if nodes is None else nodes)
     pos = {n.id: i for i, n in enumerate(fwd)}
     last_read: dict[int, int] = {}
     for i, n in enumerate(fwd):
         for v in n.inputs:
-            if graph.values[v].kind == ACTIVATION:
+            if graph.values[v].kind == ACTIVATION and v not in ignore:
                 last_read[v] = i
     # a value made at position p and last read at r > p + 1 blocks every k with p < k < r
     blocked = [0] * (len(fwd) + 1)
@@ -178,6 +179,22 @@ def equal_cost_cuts(graph: Graph, count: int, allowed) -> list[int]:
     segment_of = equal_cost_segments(graph, count)
     ideal = [a.id for a, b in zip(fwd, fwd[1:]) if segment_of[b.id] != segment_of[a.id]]
     return sorted({min(allowed, key=lambda k: (abs(cum[k] - cum[c]), k)) for c in ideal})
+
+
+def prune_unread(graph: Graph, sequence: list[int], needed: set[int]) -> list[int]:
+    """``sequence`` without the forward computations whose outputs nothing reads before they are
+    computed again (walking backwards from the end, where the values in ``needed`` must exist).
+    ``needed`` is updated in place to what must exist before the sequence starts."""
+    kept: list[int] = []
+    for nid in reversed(sequence):
+        node = graph.nodes[nid]
+        if node.phase == FORWARD and not any(v in needed for v in node.outputs):
+            continue
+        needed.difference_update(node.outputs)
+        needed.update(v for v in node.inputs if graph.values[v].kind == ACTIVATION)
+        kept.append(nid)
+    kept.reverse()
+    return kept
 
 
 def cheapest_fitting(plans, budget_bytes: int | None):
