@@ -174,6 +174,7 @@ def optimize(
     workspace: str = "measure",
     time_limit: float | None = None,
     solver_options: dict | None = None,
+    cache: bool = True,
     **example_kwargs,
 ) -> RematModule:
     """Plan ``model``'s training step for ``budget`` and return a module that runs the plan.
@@ -183,9 +184,10 @@ def optimize(
     afterwards, so this leaves no trace on training. Raises
     :class:`~remat.errors.InfeasibleBudgetError` when no plan fits and
     :class:`~remat.errors.CaptureError` when the forward cannot be captured as one graph.
+    Plans are kept in the on-disk plan cache (:mod:`remat.cache`) unless ``cache=False``.
     """
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
-                   time_limit=time_limit, solver_options=solver_options or {})
+                   time_limit=time_limit, solver_options=solver_options or {}, cache=cache)
     wrapped = RematModule(model, options)
     args, kwargs = _detached_copies(example_args), _detached_copies(example_kwargs)  # forward may mutate them
     with _no_lasting_effects(model), torch.enable_grad():
@@ -213,18 +215,19 @@ def plan(
     workspace: str = "measure",
     time_limit: float | None = None,
     solver_options: dict | None = None,
+    cache: bool = True,
     **example_kwargs,
 ) -> Plan:
-    """Capture and plan ``model``'s training step without running it."""
+    """Capture and plan ``model``'s training step without running it (``cache``: as in :func:`optimize`)."""
     plan, _capture = capture_and_plan(
         model, *example_args, budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
-        time_limit=time_limit, solver_options=solver_options, **example_kwargs,
+        time_limit=time_limit, solver_options=solver_options, cache=cache, **example_kwargs,
     )
     return plan
 
 
 def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_model="flops", workspace="measure",
-                     time_limit=None, solver_options=None, **example_kwargs) -> tuple[Plan, Capture]:
+                     time_limit=None, solver_options=None, cache=True, **example_kwargs) -> tuple[Plan, Capture]:
     """Like :func:`plan`, also returning the :class:`~remat.capture.Capture`."""
     result: list = []
 
@@ -233,7 +236,7 @@ def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_mode
         raise _PlanReady()
 
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
-                   time_limit=time_limit, solver_options=solver_options or {}, on_plan=stop)
+                   time_limit=time_limit, solver_options=solver_options or {}, on_plan=stop, cache=cache)
     compiled = _compile(model, options)
     try:
         with torch.enable_grad():
@@ -277,7 +280,7 @@ class ParetoFront(dict):
 
 def pareto(model, *example_args, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT_PARETO_BUDGETS,
            cost_model: Any = "flops", workspace: str = "measure", time_limit: float | None = None,
-           **example_kwargs) -> ParetoFront:
+           cache: bool = True, **example_kwargs) -> ParetoFront:
     """Plan ``model``'s training step with each of ``solvers`` at each of ``budgets``.
 
     The model is captured once. Budgets are fractions of the unplanned step's peak or sizes, as
@@ -287,13 +290,13 @@ def pareto(model, *example_args, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT
     the DP; the other solvers plan each budget from scratch.
     """
     from .budget import resolve_budget
-    from .planner import make_plan
+    from .cache import plan_with_cache
 
     for name in solvers:
         if name != "auto" and name not in available_solvers():
             raise SolverError(f"unknown solver {name!r}; choose 'auto' or one of {', '.join(available_solvers())}")
     base, _ = capture_and_plan(model, *example_args, solver="store_all", cost_model=cost_model,
-                               workspace=workspace, **example_kwargs)
+                               workspace=workspace, cache=cache, **example_kwargs)
     graph = base.graph
     budget_bytes = [resolve_budget(b, base.peak_bytes) for b in budgets]
     front = ParetoFront()
@@ -302,7 +305,7 @@ def pareto(model, *example_args, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT
         plans = []
         for b in budget_bytes:
             try:
-                plan = make_plan(graph, b, name, time_limit=time_limit)
+                plan = plan_with_cache(graph, b, name, time_limit=time_limit, cost_model=cost_model, cache=cache)
             except (InfeasibleBudgetError, SolverError):
                 plan = None
             plans.append(plan if plan is not None and (b is None or plan.peak_bytes <= b) else None)
