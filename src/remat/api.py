@@ -18,6 +18,7 @@ import re
 import sys
 import types
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -152,6 +153,18 @@ def _no_lasting_effects(model: nn.Module):
             b.copy_(saved)
 
 
+class _WeakCallback:
+    """Calls a bound method without keeping its object alive (a no-op once it is gone)."""
+
+    def __init__(self, method):
+        self._ref = weakref.WeakMethod(method)
+
+    def __call__(self, *args):
+        method = self._ref()
+        if method is not None:
+            method(*args)
+
+
 class RematModule(nn.Module):
     """``model`` with a planned training step. Shares its parameters, buffers and submodules.
 
@@ -170,7 +183,9 @@ class RematModule(nn.Module):
         self.training = model.training
         self._remat_plans: list[Plan] = []
         options = dict(options)
-        options["on_plan"] = self._record
+        # weakly: torch.compile keeps every backend (and so these options) until torch._dynamo.reset(),
+        # which would keep this module, and the model's parameters, alive for the life of the process
+        options["on_plan"] = _WeakCallback(self._record)
         object.__setattr__(self, "_remat_compiled", _compile(model, options))
 
     def _record(self, plan: Plan, capture: Capture) -> None:
@@ -219,6 +234,7 @@ def optimize(
     workspace: str = "measure",
     time_limit: float | None = None,
     solver_options: dict | None = None,
+    cache: bool = True,
     **example_kwargs,
 ) -> RematModule:
     """Plan ``model``'s training step for ``budget`` and return a module that runs the plan.
@@ -234,6 +250,7 @@ def optimize(
     afterwards, so this leaves no trace on training. Raises
     :class:`~remat.errors.InfeasibleBudgetError` when no plan fits and
     :class:`~remat.errors.CaptureError` when the forward cannot be captured as one graph.
+    Plans are kept in the on-disk plan cache (:mod:`remat.cache`) unless ``cache=False``.
     """
     _warn_if_not_training(model)
     if not torch.is_grad_enabled():
@@ -245,7 +262,7 @@ def optimize(
             NotTrainingWarning, stacklevel=2,
         )
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
-                   time_limit=time_limit, solver_options=solver_options or {})
+                   time_limit=time_limit, solver_options=solver_options or {}, cache=cache)
     wrapped = RematModule(model, options)
     with _training_step_mode():
         args, kwargs = _detached_copies(example_args), _detached_copies(example_kwargs)  # forward may mutate them
@@ -281,18 +298,19 @@ def plan(
     workspace: str = "measure",
     time_limit: float | None = None,
     solver_options: dict | None = None,
+    cache: bool = True,
     **example_kwargs,
 ) -> Plan:
-    """Capture and plan ``model``'s training step without running it."""
+    """Capture and plan ``model``'s training step without running it (``cache``: as in :func:`optimize`)."""
     plan, _capture = capture_and_plan(
         model, *example_args, budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
-        time_limit=time_limit, solver_options=solver_options, **example_kwargs,
+        time_limit=time_limit, solver_options=solver_options, cache=cache, **example_kwargs,
     )
     return plan
 
 
 def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_model="flops", workspace="measure",
-                     time_limit=None, solver_options=None, **example_kwargs) -> tuple[Plan, Capture]:
+                     time_limit=None, solver_options=None, cache=True, **example_kwargs) -> tuple[Plan, Capture]:
     """Like :func:`plan`, also returning the :class:`~remat.capture.Capture`."""
     result: list = []
 
@@ -301,7 +319,7 @@ def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_mode
         raise _PlanReady()
 
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
-                   time_limit=time_limit, solver_options=solver_options or {}, on_plan=stop)
+                   time_limit=time_limit, solver_options=solver_options or {}, on_plan=stop, cache=cache)
     _warn_if_not_training(model)
     compiled = _compile(model, options)
     try:
@@ -348,7 +366,7 @@ class ParetoFront(dict):
 
 def pareto(model, *example_args, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT_PARETO_BUDGETS,
            cost_model: Any = "flops", workspace: str = "measure", time_limit: float | None = None,
-           **example_kwargs) -> ParetoFront:
+           cache: bool = True, **example_kwargs) -> ParetoFront:
     """Plan ``model``'s training step with each of ``solvers`` at each of ``budgets``.
 
     The model is captured once. Budgets are as in :func:`optimize`: bytes, sizes, fractions of the
@@ -357,14 +375,19 @@ def pareto(model, *example_args, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT
     decomposition, block menus and DP tables across budgets, so each further budget costs only
     the DP; the other solvers plan each budget from scratch.
     """
+<<<<<<< HEAD
     from .budget import fixed_bytes
     from .planner import make_plan, resolve
+=======
+    from .budget import resolve_budget
+    from .cache import plan_with_cache
+>>>>>>> cache
 
     for name in solvers:
         if name != "auto" and name not in available_solvers():
             raise SolverError(f"unknown solver {name!r}; choose 'auto' or one of {', '.join(available_solvers())}")
     base, _ = capture_and_plan(model, *example_args, solver="store_all", cost_model=cost_model,
-                               workspace=workspace, **example_kwargs)
+                               workspace=workspace, cache=cache, **example_kwargs)
     graph = base.graph
     budget_bytes = [resolve(graph, b, time_limit=time_limit) for b in budgets]  # "min": auto's smallest
     front = ParetoFront()
@@ -373,7 +396,7 @@ def pareto(model, *example_args, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT
         plans = []
         for b in budget_bytes:
             try:
-                plan = make_plan(graph, b, name, time_limit=time_limit)
+                plan = plan_with_cache(graph, b, name, time_limit=time_limit, cost_model=cost_model, cache=cache)
             except (InfeasibleBudgetError, SolverError):
                 plan = None
             plans.append(plan if plan is not None and (b is None or plan.peak_bytes <= b) else None)

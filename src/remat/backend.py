@@ -23,10 +23,10 @@ from .capture import capture_joint
 from .cost import make_cost_fn, make_workspace_fn
 from .errors import RematError, through_dynamo
 from .lower import lower
-from .planner import make_plan
+from .cache import plan_with_cache
 from .runtime import boxed
 
-OPTION_NAMES = ("budget", "solver", "cost_model", "workspace", "time_limit", "solver_options", "on_plan")
+OPTION_NAMES = ("budget", "solver", "cost_model", "workspace", "time_limit", "solver_options", "on_plan", "cache")
 
 
 @dataclass
@@ -38,6 +38,7 @@ class BackendOptions:
     time_limit: float | None = None
     solver_options: dict = field(default_factory=dict)
     on_plan: Callable | None = None  # called with (plan, capture) after planning
+    cache: bool = True  # read and fill the on-disk plan cache (remat.cache)
 
     @classmethod
     def from_dict(cls, options: dict | None) -> "BackendOptions":
@@ -61,8 +62,9 @@ def make_partition_fn(opts: BackendOptions):
             cost_fn=make_cost_fn(opts.cost_model, device),
             workspace_fn=make_workspace_fn(opts.workspace),
         )
-        plan = make_plan(
-            capture.graph, opts.budget, opts.solver, time_limit=opts.time_limit, **opts.solver_options
+        plan = plan_with_cache(
+            capture.graph, opts.budget, opts.solver, time_limit=opts.time_limit,
+            solver_options=opts.solver_options, cost_model=opts.cost_model, cache=opts.cache,
         )
         if opts.on_plan is not None:
             opts.on_plan(plan, capture)

@@ -114,13 +114,31 @@ class Graph:
 
     @cached_property
     def structural_hash(self) -> str:
-        """Hash of ops, shapes, dtypes and edges: equal graphs share plans."""
+        """Hash of the step's structure: equal hashes, equal graphs up to names and costs.
+
+        Covers every value (kind, bytes, shape, dtype, producing node), every node (ATen op,
+        input and output value ids, i.e. the edges, phase, randomness, workspace bytes) and the
+        forward/backward outputs, each field written with ``repr`` so that no two graphs run
+        together into the same text. Names, module paths, costs and ``meta`` are left out (see
+        :attr:`planning_hash`). Stable across processes: saved plans and the plan cache use it.
+        """
         h = hashlib.sha256()
         for v in self.values:
-            h.update(f"v{v.kind}{v.bytes}{v.shape}{v.dtype}{v.producer};".encode())
+            h.update(repr(("v", v.kind, v.bytes, tuple(v.shape), v.dtype, v.producer)).encode())
         for n in self.nodes:
-            h.update(f"n{n.op}{n.inputs}{n.outputs}{n.phase}{n.random}{n.workspace};".encode())
-        h.update(f"o{self.forward_outputs}{self.backward_outputs}".encode())
+            h.update(repr(("n", n.op, n.inputs, n.outputs, n.phase, n.random, n.workspace)).encode())
+        h.update(repr(("o", self.forward_outputs, self.backward_outputs)).encode())
+        return h.hexdigest()[:16]
+
+    @cached_property
+    def planning_hash(self) -> str:
+        """Hash of everything a planner reads: the structure, each node's cost and module path,
+        and ``meta`` (mutated inputs, random generator state size). Stable across processes;
+        the on-disk plan cache keys on it."""
+        h = hashlib.sha256(self.structural_hash.encode())
+        h.update(repr(tuple(round(n.cost, 12) for n in self.nodes)).encode())
+        h.update(repr(tuple(n.module for n in self.nodes)).encode())
+        h.update(json.dumps(self.meta, sort_keys=True, default=str).encode())
         return h.hexdigest()[:16]
 
     @cached_property

@@ -331,37 +331,119 @@ class Plan:
         )
 
     # ------------------------------------------------------------ persistence
-    def to_dict(self) -> dict:
-        return {
-            "format": 1,
-            "graph": self.graph.to_dict(),
+    def to_dict(self, include_graph: bool = True) -> dict:
+        """The plan as JSON-ready data. It names the graph's :attr:`~remat.graph.Graph.structural_hash`
+        and the remat and torch versions that made it; ``include_graph=False`` leaves the graph out
+        (then :meth:`from_dict` needs the graph)."""
+        import torch
+
+        d = {
+            "format": PLAN_FORMAT,
+            "graph_hash": self.graph.structural_hash,
+            "remat_version": _remat_version(),
+            "torch_version": str(torch.__version__),
             "instructions": [[ins.kind, ins.target] for ins in self.instructions],
             "boundary": self.boundary,
             "budget_bytes": self.budget_bytes,
             "solver": self.solver,
             "solve_seconds": self.solve_seconds,
-            "info": self.info,
+            "info": json.loads(json.dumps(self.info, default=str)),  # whatever a solver put there, as text
         }
+        if include_graph:
+            d["graph"] = self.graph.to_dict()
+        return d
 
     def save(self, path: str | os.PathLike) -> None:
+        """Write the plan (with its graph) as JSON; :meth:`load` reads it back."""
         with open(path, "w") as f:
             json.dump(self.to_dict(), f)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Plan":
-        with open(path) as f:
-            d = json.load(f)
-        if d.get("format") != 1:
-            raise InvalidPlanError(f"{path}: not a remat plan file (format {d.get('format')!r})")
-        return cls(
-            Graph.from_dict(d["graph"]),
-            tuple(Instruction(k, t) for k, t in d["instructions"]),
-            d["boundary"],
-            d["budget_bytes"],
-            d["solver"],
-            d["solve_seconds"],
-            d.get("info", {}),
+    def load(cls, path: str | os.PathLike, graph: Graph | None = None) -> "Plan":
+        """Read a plan written by :meth:`save`.
+
+        With ``graph`` (e.g. ``remat.plan(...).graph`` of the model at hand), the plan is checked
+        to be for that graph (same structural hash, else :class:`PlanGraphMismatchError`) and is
+        returned over it. A file that cannot be read or is not a valid plan raises
+        :class:`~remat.errors.InvalidPlanError` naming the path and the reason.
+        """
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise InvalidPlanError(f"cannot read the plan file {path}: {getattr(e, 'strerror', None) or e}") from e
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise InvalidPlanError(
+                f"{path} is not a remat plan file: invalid JSON ({e}); it may be truncated or corrupt. "
+                "Save the plan again (Plan.save or `remat plan ... --save`)."
+            ) from e
+        return cls.from_dict(data, graph, source=str(path))
+
+    @classmethod
+    def from_dict(cls, d, graph: Graph | None = None, *, source: str = "plan data") -> "Plan":
+        """The plan ``d`` (from :meth:`to_dict`) describes, validated by the simulator.
+
+        ``graph``: run the plan over this graph (it must have the structural hash ``d`` names);
+        needed when ``d`` holds no graph. ``source`` names ``d`` in error messages."""
+        if not isinstance(d, dict) or d.get("format") not in _READABLE_FORMATS:
+            found = d.get("format") if isinstance(d, dict) else type(d).__name__
+            raise InvalidPlanError(f"{source}: not a remat plan (format {found!r}; this remat reads {_READABLE_FORMATS})")
+        try:
+            graph = cls._graph_for(d, graph, source)
+            instructions = tuple(Instruction(str(k), int(t)) for k, t in d["instructions"])
+            boundary = int(d["boundary"])
+            budget = d.get("budget_bytes")
+            fields = (None if budget is None else int(budget), str(d.get("solver", "")),
+                      float(d.get("solve_seconds", 0.0)), dict(d.get("info") or {}))
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            what = f"missing field {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+            raise InvalidPlanError(f"{source}: not a valid remat plan ({what}); it may be corrupt") from e
+        try:
+            return cls(graph, instructions, boundary, *fields)
+        except InvalidPlanError as e:  # the simulator's verdict
+            raise InvalidPlanError(f"{source}: the plan does not run on its graph: {e}") from e
+
+    @staticmethod
+    def _graph_for(d: dict, graph: Graph | None, source: str) -> Graph:
+        """The graph a plan dict runs over: ``graph`` after checking it is the plan's, else its own."""
+        stored_hash = d.get("graph_hash")
+        if graph is None:
+            if "graph" not in d:
+                raise InvalidPlanError(f"{source}: the plan holds no graph; pass the graph it was made for")
+            graph = Graph.from_dict(d["graph"])
+            if stored_hash is not None and graph.structural_hash != stored_hash:
+                raise InvalidPlanError(f"{source}: its graph does not match the hash it names ({stored_hash}); "
+                                       "the file is corrupt")
+            return graph
+        if stored_hash is None and "graph" in d:  # format 1 names no hash: compare the graph it holds
+            stored_hash = Graph.from_dict(d["graph"]).structural_hash
+        if stored_hash != graph.structural_hash:
+            raise PlanGraphMismatchError(source, stored_hash, graph)
+        return graph
+
+
+PLAN_FORMAT = 2  # 2: graph_hash and versions; the graph optional
+_READABLE_FORMATS = (1, 2)
+
+
+def _remat_version() -> str:
+    from . import __version__  # at call time: the package is initialized by then
+
+    return __version__
+
+
+class PlanGraphMismatchError(InvalidPlanError):
+    """A saved plan was loaded for a graph other than the one it was made for."""
+
+    def __init__(self, source: str, plan_hash: str | None, graph: Graph):
+        self.plan_hash, self.graph_hash = plan_hash, graph.structural_hash
+        super().__init__(
+            f"{source} was made for another graph (structural hash {plan_hash}) than {graph.name!r} "
+            f"({len(graph.nodes)} nodes, hash {graph.structural_hash}): a different model, input shape or dtype. "
+            "Plan this model again (remat.plan / remat plan) instead of loading that file."
         )
 
 
-__all__ = ["Plan", "Instruction", "Simulation", "simulate", "COMPUTE", "FREE", "FORWARD", "BACKWARD", "TANGENT"]
+__all__ = ["Plan", "PlanGraphMismatchError", "Instruction", "Simulation", "simulate", "COMPUTE", "FREE", "FORWARD", "BACKWARD", "TANGENT"]

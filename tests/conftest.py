@@ -1,0 +1,20 @@
+"""Test-wide fixtures: the test suite never writes into the user's cache folder."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache_home(tmp_path_factory):
+    """remat's machine caches (roofline, op profiles) go to a folder of this test session,
+    measured once per session, instead of ``~/.cache/remat``."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _private_plan_cache(tmp_path_factory, monkeypatch):
+    """Each test starts with an empty on-disk plan cache of its own (``REMAT_CACHE_DIR``)."""
+    monkeypatch.setenv("REMAT_CACHE_DIR", str(tmp_path_factory.mktemp("plans")))
