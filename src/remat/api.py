@@ -375,13 +375,9 @@ def pareto(model, *example_args, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT
     decomposition, block menus and DP tables across budgets, so each further budget costs only
     the DP; the other solvers plan each budget from scratch.
     """
-<<<<<<< HEAD
     from .budget import fixed_bytes
-    from .planner import make_plan, resolve
-=======
-    from .budget import resolve_budget
     from .cache import plan_with_cache
->>>>>>> cache
+    from .planner import resolve
 
     for name in solvers:
         if name != "auto" and name not in available_solvers():
