@@ -274,14 +274,15 @@ def _make_plan(graph, budget, solver: str, **options):
 
 
 def _budget_bytes(graph, budget) -> int | None:
-    """What ``budget`` means in bytes for ``graph`` (as the planner resolves it)."""
+    """What ``budget`` means in bytes for ``graph``, as the planner resolves it ("min": the
+    smallest budget ``auto`` meets, the same for every solver of a sweep)."""
     from .errors import InfeasibleBudgetError
 
+    if budget == "min":
+        return _make_plan(graph, "min", "auto").budget_bytes
     try:
         return _make_plan(graph, budget, "store_all").budget_bytes
     except InfeasibleBudgetError as err:
-        if budget == "min":
-            return err.min_budget_bytes
         return err.budget_bytes
 
 

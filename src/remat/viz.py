@@ -126,7 +126,7 @@ def plot_timeline(plan: Plan, path: str | os.PathLike | None = None, *, measured
     if series is not None:
         xs = np.linspace(0, max(len(timeline) - 1, 1), len(series))
         ax.plot(xs, np.asarray(series, dtype=float) / scale, color="tab:orange", linewidth=1.0,
-                label="measured (time stretched to the instruction axis)")
+                label="measured (readings in order, stretched over the instructions)")
     if peak is not None:
         ax.axhline(peak / scale, color="tab:orange", linestyle="-.", linewidth=1.2,
                    label=f"measured peak {format_bytes(peak)}")
@@ -293,6 +293,9 @@ def plot_pareto(front: Mapping[str, Sequence[Plan | None]], path: str | os.PathL
     if store_all_peak:
         ax.axvline(store_all_peak / scale, color="0.4", linestyle=":", linewidth=1,
                    label=f"store-everything peak {format_bytes(store_all_peak)}")
+        ref = store_all_peak / scale
+        top = ax.secondary_xaxis("top", functions=(lambda x: x / ref * 100, lambda p: p * ref / 100))
+        top.set_xlabel("budget as a share of the store-everything peak (%)", fontsize=8)
     ax.set_xlabel(f"budget ({unit})")
     ax.set_ylabel("predicted compute overhead over store_all (%)")
     ax.set_title(title or "overhead against budget" + ("" if drawn else " (no solver found a plan)"), fontsize=10)
