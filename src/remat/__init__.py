@@ -7,6 +7,7 @@
 """
 
 from . import backend as _backend  # noqa: F401  (registers the "remat" torch.compile backend)
+from .batch import BatchTry, MaxBatchResult, max_batch_size
 from .api import ParetoFront, RematModule, capture_and_plan, optimize, pareto, plan
 from .errors import CaptureError, InfeasibleBudgetError, InvalidPlanError, RematError, SolverError, SolverTimeLimitWarning
 from .graph import Graph
@@ -18,6 +19,9 @@ __all__ = [
     "optimize",
     "plan",
     "pareto",
+    "max_batch_size",
+    "MaxBatchResult",
+    "BatchTry",
     "ParetoFront",
     "capture_and_plan",
     "RematModule",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import types
+import weakref
 from typing import Any
 
 import torch
@@ -92,6 +93,18 @@ def _no_lasting_effects(model: nn.Module):
             b.copy_(saved)
 
 
+class _WeakCallback:
+    """Calls a bound method without keeping its object alive (a no-op once it is gone)."""
+
+    def __init__(self, method):
+        self._ref = weakref.WeakMethod(method)
+
+    def __call__(self, *args):
+        method = self._ref()
+        if method is not None:
+            method(*args)
+
+
 class RematModule(nn.Module):
     """``model`` with a planned training step. Shares its parameters, buffers and submodules.
 
@@ -110,7 +123,9 @@ class RematModule(nn.Module):
         self.training = model.training
         self._remat_plans: list[Plan] = []
         options = dict(options)
-        options["on_plan"] = self._record
+        # weakly: torch.compile keeps every backend (and so these options) until torch._dynamo.reset(),
+        # which would keep this module, and the model's parameters, alive for the life of the process
+        options["on_plan"] = _WeakCallback(self._record)
         object.__setattr__(self, "_remat_compiled", _compile(model, options))
 
     def _record(self, plan: Plan, capture: Capture) -> None:

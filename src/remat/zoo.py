@@ -804,9 +804,11 @@ def names() -> list[str]:
     return list(_BUILDERS)
 
 
-def build(name: str, *, size: str = "small", seed: int = 0, device: str | torch.device = "cpu") -> Example:
+def build(name: str, *, size: str = "small", seed: int = 0, device: str | torch.device = "cpu",
+          batch: int | None = None) -> Example:
     """Build example ``name`` at ``size`` ("tiny", "small" or "medium") with weights and
-    inputs drawn from ``seed``; the model is in train() mode, on ``device``.
+    inputs drawn from ``seed``; the model is in train() mode, on ``device``. ``batch``, if
+    given, replaces the size's batch size (the weights do not depend on it).
 
     The same arguments always give the same weights and inputs (they are drawn on the CPU,
     then moved), and the caller's RNG state is left as it was.
@@ -815,9 +817,14 @@ def build(name: str, *, size: str = "small", seed: int = 0, device: str | torch.
         raise ValueError(f"unknown example model {name!r}; choose one of {names()}")
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose one of {list(SIZES)}")
+    config = dict(_CONFIGS[name][size])
+    if batch is not None:
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+        config["batch"] = batch
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model, args, kwargs = _BUILDERS[name](**_CONFIGS[name][size])
+        model, args, kwargs = _BUILDERS[name](**config)
     device = torch.device(device)
     model = model.to(device).train()
     args = tuple(a.to(device) for a in args)
