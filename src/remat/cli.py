@@ -532,22 +532,8 @@ def cmd_bench(args, ui: _Ui) -> int:
     return EXIT_OK
 
 
-class _KeywordInputs:
-    """Turns a model taking keyword inputs into one taking them positionally (for ``max_batch_size``)."""
-
-    @staticmethod
-    def wrap(model, n_positional: int, keys: list[str]):
-        import torch.nn as nn
-
-        class KeywordInputs(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.model = model
-
-            def forward(self, *inputs):
-                return self.model(*inputs[:n_positional], **dict(zip(keys, inputs[n_positional:])))
-
-        return KeywordInputs()
+def _best_try(result, method: str, size: int | None):
+    return next((t for t in result.tries if t.method == method and t.batch == size and t.fits), None)
 
 
 def cmd_maxbatch(args, ui: _Ui) -> int:
@@ -556,17 +542,16 @@ def cmd_maxbatch(args, ui: _Ui) -> int:
     max_batch_size = getattr(remat, "max_batch_size", None)
     if max_batch_size is None:
         raise CliError("this installation of remat has no remat.max_batch_size")
+    if args.start < 1 or (args.max_batch is not None and args.max_batch < args.start):
+        raise CliError("--start must be >= 1 and --max-batch >= --start", EXIT_USAGE)
     template = load_example(args.model, args.size, batch=args.start, device=args.device)
-    keys = list(template.kwargs)
-    n_positional = len(template.args)
 
     def make_model():
-        model = load_example(args.model, args.size, batch=args.start, device=args.device).model
-        return _KeywordInputs.wrap(model, n_positional, keys) if keys else model
+        return load_example(args.model, args.size, batch=args.start, device=args.device).model
 
     def make_batch(n: int):
         ex = load_example(args.model, args.size, batch=n, device=args.device)
-        return tuple(ex.args) + tuple(ex.kwargs[k] for k in keys)
+        return tuple(ex.args), dict(ex.kwargs)
 
     tries: list = []
     with ui.progress() as progress:
@@ -575,31 +560,47 @@ def cmd_maxbatch(args, ui: _Ui) -> int:
         def on_try(record):
             tries.append(record)
             verdict = "fits" if record.fits else "does not fit"
-            measured = getattr(record, "measured_bytes", None)
-            progress.update(task, description=f"last: {record.method} batch {record.batch} {verdict}")
-            ui.out.print(f"  {record.method:<6} batch {record.batch:>6}: {verdict:<12} "
-                         f"{_fmt(measured) if measured is not None else '':>12} {getattr(record, 'reason', '') or ''}")
+            progress.update(task, description=f"{record.method} batch {record.batch}: {verdict}")
+            measured = "" if record.measured_bytes is None else f"measured {_fmt(record.measured_bytes)}"
+            progress.console.print(f"  {record.method:<6} batch {record.batch:>6}  {verdict:<12}  {measured:<22} "
+                                   f"{record.reason}".rstrip(), highlight=False)  # above the bar, on stderr
 
-        options = {} if args.solver is None else {"solver": args.solver}
-        result = max_batch_size(make_model, make_batch, args.memory_limit, loss_fn=template.loss,
+        result = max_batch_size(make_model, make_batch, args.memory_limit, solver=args.solver, loss_fn=template.loss,
                                 device=args.device, start=args.start, max_batch=args.max_batch,
-                                compare_plain=not args.no_plain, on_try=on_try, **options)
+                                compare_plain=not args.no_plain, on_try=on_try, cost_model=args.cost_model)
     ui.out.print(f"[green]\u2713[/] tried {len(tries)} batch sizes")
+    log = Table(title="tries, in order", title_justify="left")
+    for col in ("method", "batch", "fits", "measured total", "predicted total", "why not"):
+        log.add_column(col, justify="right" if col in ("batch", "measured total", "predicted total") else "left")
+    for t in tries:
+        log.add_row(t.method, str(t.batch), "yes" if t.fits else "no", _fmt(t.measured_bytes),
+                    _fmt(getattr(t, "predicted_bytes", None)), t.reason)
+    ui.out.print(log)
 
-    table = Table(title=f"{template.name}: the largest batch whose measured step fits {_fmt(args.memory_limit)}",
+    table = Table(title=f"{template.name}: the largest batch whose measured step fits in {_fmt(args.memory_limit)}",
                   title_justify="left")
-    for col in ("", "batch size", "measured peak"):
+    for col in ("", "batch size", "measured total", "of which the step's peak"):
         table.add_column(col, justify="left" if not col else "right")
-    table.add_row(f"remat ({args.solver or 'auto'})", str(result.batch_size or 0), _fmt(result.peak_bytes))
+    rows = [(f"remat ({args.solver})", "remat", result.batch_size)]
     if not args.no_plain:
-        table.add_row("plain PyTorch", str(result.plain_batch_size or 0), _fmt(result.plain_peak_bytes))
-    if result.batch_size and result.plain_batch_size:
-        table.caption = f"remat fits {result.batch_size / result.plain_batch_size:.2f}x the batch of plain PyTorch."
+        rows.append(("plain PyTorch", "plain", result.plain_batch_size))
+    for label, method, size in rows:
+        best = _best_try(result, method, size)
+        total = None if best is None else best.measured_bytes
+        growth = None if best is None or total is None else total - best.fixed_bytes
+        table.add_row(label, str(size or 0), _fmt(total), _fmt(growth))
+    table.caption = ("Measured total = parameters + buffers + the batch + the step's measured peak growth "
+                     "(optimizer state not included)."
+                     + (f" remat fits {result.batch_size / result.plain_batch_size:.2f}x plain PyTorch's batch."
+                        if result.batch_size and result.plain_batch_size else ""))
     ui.out.print(table)
     if args.save and result.plan is not None:
         result.plan.save(args.save)
         ui.out.print(f"saved the plan for batch {result.batch_size} to {args.save}")
-    return EXIT_OK if result.batch_size else EXIT_ERROR
+    if not result.batch_size:
+        raise CliError(f"not even batch {args.start} fits in {_fmt(args.memory_limit)} with remat "
+                       "(see the tries above)")
+    return EXIT_OK
 
 
 def cmd_plot(args, ui: _Ui) -> int:
@@ -680,8 +681,10 @@ def build_parser() -> argparse.ArgumentParser:
     maxbatch = sub.add_parser("maxbatch", help="the largest batch whose measured step fits a memory limit")
     _add_model(maxbatch)
     maxbatch.add_argument("--memory-limit", type=parse_memory, required=True, metavar="SIZE",
-                          help="a size with a unit (16GiB, 800MB)")
-    maxbatch.add_argument("--solver", default=None, help="auto (default) or one of remat.available_solvers()")
+                          help="total step memory (parameters, buffers, batch, the step's peak; not optimizer "
+                               "state): a size with a unit (16GiB, 800MB)")
+    maxbatch.add_argument("--solver", default="auto", help="auto (default) or one of remat.available_solvers()")
+    maxbatch.add_argument("--cost-model", default="flops", choices=["flops", "profile", "unit"])
     maxbatch.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     maxbatch.add_argument("--start", type=int, default=1, help="first batch size tried (default 1)")
     maxbatch.add_argument("--max-batch", type=int, default=None, help="never try a larger batch")
