@@ -22,3 +22,11 @@ def not_a_model():
 
 
 NOT_CALLABLE = 3
+
+
+def warns():
+    """``tiny_mlp`` after a two-line warning (the CLI prints warnings on one line)."""
+    import warnings
+
+    warnings.warn("first line\nsecond line", UserWarning)
+    return tiny_mlp()

@@ -68,7 +68,8 @@ def test_bench_measures_planned_against_eager(model, tmp_path, capsys):
     code, out, err = run(capsys, "bench", *model, "--budget", "0.8", "--solver", "rotor", "--rounds", "2",
                          "--output", tmp_path / "bench.png")
     assert code == 0, err
-    assert "eager PyTorch" in out and "remat (rotor)" in out and "median of 2 alternating rounds" in out
+    text = " ".join(out.split())
+    assert "eager PyTorch" in text and "remat (rotor)" in text and "median of 2 alternating rounds" in text
     ratio = re.search(r"(\d+\.\d\d)x\s*│\s*$", out.split("remat (rotor)")[1].splitlines()[0])
     assert ratio and float(ratio.group(1)) > 0
     assert_png(tmp_path / "bench.png")
@@ -170,3 +171,9 @@ def test_bad_plan_file_is_one_line(content, says, tmp_path, capsys):
     assert code == 1
     assert says in assert_one_line(err)
     assert not (tmp_path / "x.png").exists()
+
+
+def test_warnings_are_one_line_on_stderr(capsys):
+    code, out, err = run(capsys, "plan", "tests.cli_models:warns", "--budget", "1")
+    assert code == 0
+    assert assert_one_line(err) == "UserWarning: first line second line"

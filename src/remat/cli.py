@@ -33,11 +33,13 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from typing import Any, Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INFEASIBLE = 0, 1, 2, 2
 SIZES = ("tiny", "small", "medium")
@@ -212,7 +214,9 @@ class _Ui:
     """Results on stdout (rich tables); spinners and bars on stderr, gone when they end."""
 
     def __init__(self):
-        self.out = Console(width=max(Console().width, 110), highlight=False)  # the tables need ~110 columns
+        probe = Console()
+        # a terminal's own width; a pipe or file gets lines long enough for a sweep's table
+        self.out = Console(width=probe.width if probe.is_terminal else 150, highlight=False)
         self.err = Console(stderr=True)
 
     @contextlib.contextmanager
@@ -225,7 +229,8 @@ class _Ui:
 
     def progress(self) -> Progress:
         return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=self.err, transient=True)
+                        TimeElapsedColumn(), console=self.err, transient=True,
+                        disable=not self.err.is_terminal)  # off a terminal it would leave a blank line
 
 
 def _fmt(n: int | None) -> str:
@@ -363,7 +368,7 @@ def cmd_sweep(args, ui: _Ui) -> int:
     table.add_column("budget", justify="right")
     table.add_column("of store_all", justify="right")
     for s in args.solvers:
-        table.add_column(s, justify="right")
+        table.add_column(s, justify="right", no_wrap=True)
     for k, (label, b) in enumerate(zip(args.budgets, front.budgets)):
         cells = [front[s][k] for s in args.solvers]
         best = min((p.overhead for p in cells if p is not None), default=None)
@@ -609,10 +614,11 @@ def cmd_plot(args, ui: _Ui) -> int:
     _check_output(args.output)
     plan = load_plan(args.plan)
     with ui.phase(f"drew the {args.kind} of {args.plan}"):
+        name = os.path.basename(args.plan)
         if args.kind == "timeline":
-            viz.plot_timeline(plan, args.output)
+            viz.plot_timeline(plan, args.output, name=name)
         else:
-            viz.plot_schedule(plan, args.output)
+            viz.plot_schedule(plan, args.output, name=name)
     ui.out.print(f"wrote {args.output}")
     return EXIT_OK
 
@@ -723,8 +729,18 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as stop:  # --help, or a usage error already printed as one line
         return stop.code if isinstance(stop.code, int) else EXIT_USAGE
     ui = _Ui()
+    show_warning = warnings.showwarning
+
+    def warn_on_one_line(message, category, filename, lineno, file=None, line=None):
+        ui.err.print(Text.assemble((category.__name__, "yellow"), f": {_one_line(message)}"), soft_wrap=True)
+
+    warnings.showwarning = warn_on_one_line  # printed above a running progress bar, without source lines
     try:
-        return args.func(args, ui)
+        try:
+            return args.func(args, ui)
+        finally:
+            sys.stdout.flush()  # what was printed comes before an error line
+            warnings.showwarning = show_warning
     except CliError as err:
         sys.stderr.write(f"remat {args.command}: error: {_one_line(err)}\n")
         return err.status

@@ -89,7 +89,7 @@ def _measured_parts(measured: Any) -> tuple[int | None, Sequence[int] | None]:
 
 
 def plot_timeline(plan: Plan, path: str | os.PathLike | None = None, *, measured: Any = None, ax=None,
-                  title: str | None = None):
+                  title: str | None = None, name: str | None = None):
     """The plan's predicted memory after each instruction, with its budget and fwd/bwd boundary.
 
     ``plan.simulation.timeline`` (bytes counted against the budget after each instruction) is
@@ -102,7 +102,8 @@ def plot_timeline(plan: Plan, path: str | os.PathLike | None = None, *, measured
     :class:`~remat.measure.StepMeasurement` is drawn as a horizontal "measured peak" line; a
     sequence of byte readings taken in time order during the step is stretched over the
     instruction axis (time and instructions are not the same axis, so only its shape and
-    height are comparable). Returns the figure.
+    height are comparable). ``name`` (default: the graph's) starts the default title. Returns
+    the figure.
     """
     if ax is None:
         fig = _figure()
@@ -137,7 +138,7 @@ def plot_timeline(plan: Plan, path: str | os.PathLike | None = None, *, measured
                     fontsize=8, color="0.3")
     ax.set_xlabel("instruction (compute / free, in plan order)")
     ax.set_ylabel(f"memory counted against the budget ({unit})")
-    ax.set_title(title or f"{plan.graph.name}: plan by {plan.solver or '?'}, "
+    ax.set_title(title or f"{name or plan.graph.name}: plan by {plan.solver or '?'}, "
                           f"overhead {plan.overhead * 100:+.1f}%, {plan.recomputations} recomputations",
                  fontsize=10, pad=14)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=8, frameon=False)
@@ -197,12 +198,13 @@ def _binned(matrix: np.ndarray, max_pixels: int) -> tuple[np.ndarray, int, int]:
 
 
 def plot_schedule(plan: Plan, path: str | os.PathLike | None = None, *, max_pixels: int = 400, ax=None,
-                  title: str | None = None):
+                  title: str | None = None, name: str | None = None):
     """Checkmate's schedule matrix of ``plan``: stage x op, computed / recomputed / kept.
 
     See the module docstring for how stages are derived from a plan. Lines mark where the
     backward ops begin (columns) and the stage in which the backward starts (rows). Graphs with
-    more than ``max_pixels`` ops are binned. Returns the figure.
+    more than ``max_pixels`` ops are binned. ``name`` (default: the graph's) starts the default
+    title. Returns the figure.
     """
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
@@ -227,7 +229,7 @@ def plot_schedule(plan: Plan, path: str | os.PathLike | None = None, *, max_pixe
     ax.set_xlabel("op (topological order: forward ops, then backward ops)")
     ax.set_ylabel("stage (a new stage at each op's first computation)")
     binned = f", shown binned {fr}x{fc}" if fr > 1 or fc > 1 else ""
-    ax.set_title(title or f"{graph.name}: schedule by {plan.solver or '?'} "
+    ax.set_title(title or f"{name or graph.name}: schedule by {plan.solver or '?'} "
                           f"({matrix.shape[0]} stages x {matrix.shape[1]} ops{binned})", fontsize=10)
     recomputed = int((matrix == RECOMPUTED).sum())
     handles = [
