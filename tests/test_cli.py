@@ -149,6 +149,7 @@ def test_memory_limit_needs_a_unit(capsys):
     (["sweep", FACTORY, "--solvers", "nope"], 2, "unknown solver(s) nope"),
     (["bench", FACTORY, "--budget", "0.5", "--output", "x.txt"], 2, "must end in .png or .svg"),
     (["plan"], 2, "required"),
+    (["bench", FACTORY, "--budget", "0.5", "--device", "nonsense"], 1, "unknown device 'nonsense'"),
 ])
 def test_bad_arguments_are_one_line(argv, status, says, capsys):
     code, out, err = run(capsys, *argv)

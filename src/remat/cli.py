@@ -150,9 +150,25 @@ def _as_example(spec: str, made: Any):
                    "(model, args, kwargs) or a remat.zoo.Example")
 
 
+def check_device(device: str) -> None:
+    """A one-line :class:`CliError` for a device name torch does not know or cannot use here."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as err:
+        raise CliError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise CliError(f"--device {device}: CUDA is not available here (torch.cuda.is_available() is False); "
+                       "use --device cpu")
+
+
 def load_example(spec: str, size: str = "small", *, batch: int | None = None, device: str = "cpu"):
     """The :class:`remat.zoo.Example` MODEL names: a built-in example or ``module:factory``."""
     from . import zoo
+
+    if device != "cpu":
+        check_device(device)
 
     if ":" not in spec:
         if spec not in zoo.names():
