@@ -1,91 +1,774 @@
 """The ``remat`` command.
 
-    remat demo                          GPT-2 trained at 100%, 50% and the smallest budget, measured
-    remat plan gpt2 --budget 0.5        plan a built-in model (or module:factory), print the plan
-    remat plan mypkg.models:build --budget 2GiB --solver chen_sqrt --save plan.json
+    remat demo                                     GPT-2 trained at several budgets, measured
+    remat plan gpt2 --budget 0.5 --save plan.json  plan one model's step, print the plan
+    remat sweep gpt2 --solvers hierarchical chen_sqrt --output sweep.png   overhead against budget
+    remat bench gpt2 --budget min --output timeline.png   run the plan: predicted vs measured
+    remat maxbatch gpt2 --memory-limit 2GiB        the largest batch that fits, remat vs plain PyTorch
+    remat plot plan.json --output schedule.svg --kind schedule
 
-A ``module:factory`` is a callable returning ``(model, example_args)`` or a
-:class:`remat.zoo.Example`. ``sweep``, ``bench``, ``maxbatch`` and ``plot`` come with the
-planners of the next issues.
+MODEL is a built-in example (``remat.zoo.names()``: random weights, nothing downloaded; pick
+its scale with ``--size tiny|small|medium``) or ``package.module:factory``, a callable that
+returns ``(model, example_args)`` or a :class:`remat.zoo.Example` (``remat maxbatch`` calls it
+with ``batch=N``). The current directory is importable.
+
+BUDGET: a bare number in (0, 1] is a fraction (see the README's "Budget"); ``min`` is the
+smallest feasible budget; bytes need a unit (``2GiB``, ``800MB``, ``123B``); ``none`` is no
+limit. Exit status: 0 success, 1 an error (one line on stderr), 2 a usage error or a budget no
+plan meets (one line naming the smallest feasible budget).
+
+Every step that takes time shows a spinner or progress bar on stderr while it runs (nothing is
+left there when it ends) and a line with its wall time on stdout when it is done.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import inspect
+import json
+import math
+import os
+import statistics
 import sys
+import time
+import warnings
+from typing import Any, Callable
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INFEASIBLE = 0, 1, 2, 2
+SIZES = ("tiny", "small", "medium")
+PLOT_SUFFIXES = (".png", ".svg")
 
 
-def _budget(text: str):
-    if text.lower() in ("none", "all"):
+class CliError(Exception):
+    """A mistake in what the user asked for: printed as one line, exit status ``status``."""
+
+    def __init__(self, message: str, status: int = EXIT_ERROR):
+        super().__init__(message)
+        self.status = status
+
+
+# ------------------------------------------------------------------------------ argument types
+
+
+def parse_budget(text: str):
+    """``--budget``: ``none``/``all`` -> None, ``min`` -> "min", ``0.5`` -> 0.5, ``2GiB`` -> bytes.
+
+    A bare number must be a fraction in (0, 1]: ``--budget 1`` is all of the store-everything
+    budget, never one byte. Bytes take a unit.
+    """
+    from .budget import parse_size
+
+    word = text.strip().lower()
+    if word in ("none", "all"):
         return None
+    if word == "min":
+        return "min"
     try:
-        value = float(text)
+        value = float(word)
     except ValueError:
-        return text  # a size such as 1.5GiB
-    if "." in text or "e" in text.lower():
-        return value if value <= 1.0 else int(value)
-    return int(text)
+        try:
+            return parse_size(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(
+                f"cannot read the budget {text!r}: write a fraction in (0, 1] (0.5), 'min', "
+                "or a size with a unit (2GiB, 800MB, 123B)") from err
+    if 0.0 < value <= 1.0:
+        return value
+    if value > 1.0:
+        raise argparse.ArgumentTypeError(
+            f"the budget {text!r} has no unit: a bare number is a fraction in (0, 1]; for bytes add a unit, "
+            f"e.g. {text}B, {text}MiB or {text}GiB")
+    raise argparse.ArgumentTypeError(f"the budget {text!r} must be positive: a fraction in (0, 1], 'min', or a size")
 
 
-def _load(spec: str, size: str):
+def parse_memory(text: str) -> int:
+    """``--memory-limit``: a size with a unit (``16GiB``, ``800MB``); a bare number is refused."""
+    from .budget import parse_size
+
+    try:
+        float(text)
+    except ValueError:
+        pass
+    else:
+        raise argparse.ArgumentTypeError(f"the memory limit {text!r} has no unit: write e.g. {text}GiB, {text}MB or {text}B")
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"cannot read the memory limit {text!r}: write a size such as 16GiB or 800MB") from err
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage block), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+# ------------------------------------------------------------------------------ models and plans
+
+
+def _import_factory(spec: str) -> Callable:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise CliError(f"cannot read MODEL {spec!r}: write package.module:factory")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `remat plan mymodels:build` from the folder holding mymodels.py
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise CliError(f"cannot import {module_name!r} for MODEL {spec!r}: {err} "
+                       "(run from the folder that holds it, or add it to PYTHONPATH)") from err
+    try:
+        factory = getattr(module, attr)
+    except AttributeError as err:
+        raise CliError(f"module {module_name!r} has no {attr!r} (MODEL {spec!r})") from err
+    if not callable(factory):
+        raise CliError(f"{spec!r} is not callable: MODEL must name a function returning (model, args)")
+    return factory
+
+
+def _as_example(spec: str, made: Any):
+    import torch.nn as nn
+
     from . import zoo
 
-    if ":" not in spec:
-        return zoo.build(spec, size=size)
-    module_name, _, attr = spec.partition(":")
-    made = getattr(importlib.import_module(module_name), attr)()
     if isinstance(made, zoo.Example):
         return made
-    model, args = made
-    return zoo.Example(spec, model, tuple(args), {})
+    if isinstance(made, (tuple, list)) and len(made) in (2, 3) and isinstance(made[0], nn.Module):
+        args = made[1]
+        args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
+        kwargs = dict(made[2]) if len(made) == 3 else {}
+        return zoo.Example(spec, made[0], args, kwargs)
+    raise CliError(f"{spec!r} returned a {type(made).__name__}; it must return (model, args), "
+                   "(model, args, kwargs) or a remat.zoo.Example")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="remat", description="Fit a PyTorch training step into a memory budget.")
-    sub = parser.add_subparsers(dest="command", required=True)
+def check_device(device: str) -> None:
+    """A one-line :class:`CliError` for a device name torch does not know or cannot use here."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as err:
+        raise CliError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise CliError(f"--device {device}: CUDA is not available here (torch.cuda.is_available() is False); "
+                       "use --device cpu")
+
+
+def load_example(spec: str, size: str = "small", *, batch: int | None = None, device: str = "cpu"):
+    """The :class:`remat.zoo.Example` MODEL names: a built-in example or ``module:factory``."""
+    from . import zoo
+
+    if device != "cpu":
+        check_device(device)
+
+    if ":" not in spec:
+        if spec not in zoo.names():
+            raise CliError(f"unknown model {spec!r}: give a built-in one ({', '.join(zoo.names())}) "
+                           "or package.module:factory")
+        if size not in SIZES:
+            raise CliError(f"unknown size {size!r}: choose one of {', '.join(SIZES)}")
+        options: dict = {"size": size, "device": device}
+        if batch is not None:
+            if "batch" not in inspect.signature(zoo.build).parameters:
+                raise CliError("this version of remat.zoo.build cannot change the batch size")
+            options["batch"] = batch
+        try:
+            return zoo.build(spec, **options)
+        except ImportError as err:
+            raise CliError(f"model {spec!r} needs a package that is not installed ({err}); "
+                           "install the extras: pip install 'remat[models]'") from err
+    factory = _import_factory(spec)
+    if batch is not None:
+        if "batch" not in inspect.signature(factory).parameters:
+            raise CliError(f"{spec!r} takes no 'batch' argument; remat maxbatch calls the factory with batch=N")
+        example = _as_example(spec, factory(batch=batch))
+    else:
+        example = _as_example(spec, factory())
+    if device != "cpu":
+        example.model.to(device)
+        example.args = tuple(a.to(device) if hasattr(a, "to") else a for a in example.args)
+        example.kwargs = {k: v.to(device) if hasattr(v, "to") else v for k, v in example.kwargs.items()}
+    return example
+
+
+def load_plan(path: str):
+    """A saved :class:`remat.Plan`, or a one-line :class:`CliError` saying why it cannot be read."""
+    from .errors import RematError
+    from .plan import Plan
+
+    try:
+        return Plan.load(path)
+    except OSError as err:
+        raise CliError(f"cannot read the plan file {path!r}: {err.strerror or err}") from err
+    except json.JSONDecodeError as err:
+        raise CliError(f"{path!r} is not a remat plan file: not JSON ({err.msg} at line {err.lineno})") from err
+    except RematError as err:
+        raise CliError(f"{path!r} is not a usable remat plan: {err}") from err
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+        raise CliError(f"{path!r} is not a valid remat plan file ({type(err).__name__}: {err}); "
+                       "write one with 'remat plan MODEL --save plan.json'") from err
+
+
+def _check_output(path: str | None) -> None:
+    if path is not None and os.path.splitext(path)[1].lower() not in PLOT_SUFFIXES:
+        raise CliError(f"cannot write a plot to {path!r}: the file name must end in .png or .svg", EXIT_USAGE)
+
+
+# ------------------------------------------------------------------------------ display
+
+
+class _Ui:
+    """Results on stdout (rich tables); spinners and bars on stderr, gone when they end."""
+
+    def __init__(self):
+        probe = Console()
+        # a terminal's own width; a pipe or file gets lines long enough for a sweep's table
+        self.out = Console(width=probe.width if probe.is_terminal else 150, highlight=False)
+        self.err = Console(stderr=True)
+
+    @contextlib.contextmanager
+    def phase(self, label: str):
+        """A spinner while the block runs, then ``✓ label (seconds)`` on stdout."""
+        start = time.perf_counter()
+        with self.err.status(f"{label} ...", spinner="dots"):
+            yield
+        self.out.print(f"[green]\u2713[/] {label} [dim]({time.perf_counter() - start:.1f} s)[/]")
+
+    def progress(self) -> Progress:
+        return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=self.err, transient=True,
+                        disable=not self.err.is_terminal)  # off a terminal it would leave a blank line
+
+
+def _fmt(n: int | None) -> str:
+    from .errors import format_bytes
+
+    return "-" if n is None else format_bytes(n)
+
+
+def _fraction_label(budget) -> str:
+    if budget is None:
+        return "none"
+    if isinstance(budget, float):
+        return f"{budget:g}"
+    return str(budget) if isinstance(budget, str) else _fmt(budget)
+
+
+# ------------------------------------------------------------------------------ planning steps
+
+
+def _capture(ui: _Ui, example, cost_model: str):
+    """Capture the model's training step once (the store_all plan); returns that plan."""
+    from .api import capture_and_plan
+
+    with ui.phase(f"captured {example.name} and costed its ops ({cost_model})"):
+        base, _ = capture_and_plan(example.model, *example.args, solver="store_all", cost_model=cost_model,
+                                   **example.kwargs)
+    ui.out.print(f"  {base.graph.summary()}", highlight=False)
+    return base
+
+
+def _make_plan(graph, budget, solver: str, **options):
+    """``make_plan``, also for ``budget="min"`` where the planner does not take it yet."""
+    from .budget import BudgetError
+    from .errors import InfeasibleBudgetError
+    from .planner import make_plan
+
+    try:
+        return make_plan(graph, budget, solver, **options)
+    except BudgetError:
+        if budget != "min":
+            raise
+    try:  # the planner names the smallest feasible budget when asked for none at all
+        return make_plan(graph, 0, solver, **options)
+    except InfeasibleBudgetError as err:
+        return make_plan(graph, err.min_budget_bytes, solver, **options)
+
+
+def _budget_bytes(graph, budget) -> int | None:
+    """What ``budget`` means in bytes for ``graph``, as the planner resolves it ("min": the
+    smallest budget ``auto`` meets, the same for every solver of a sweep)."""
+    from .errors import InfeasibleBudgetError
+
+    if budget == "min":
+        return _make_plan(graph, "min", "auto").budget_bytes
+    try:
+        return _make_plan(graph, budget, "store_all").budget_bytes
+    except InfeasibleBudgetError as err:
+        return err.budget_bytes
+
+
+def _plan_table(title: str, plan, store_all_peak: int, extra: dict | None = None) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("", style="bold")
+    table.add_column("")
+    rows = {
+        "solver": plan.solver,
+        "budget": "none" if plan.budget_bytes is None else f"{_fmt(plan.budget_bytes)} ({plan.budget_bytes} B)",
+        "predicted peak": f"{_fmt(plan.peak_bytes)}  (store_all: {_fmt(store_all_peak)}, "
+                          f"{plan.peak_bytes / store_all_peak * 100 if store_all_peak else 100:.0f}%)",
+        "saved for backward": f"{_fmt(plan.saved_bytes)} in {len(plan.saved_values)} values",
+        "compute": f"{plan.compute_seconds * 1e3:.2f} ms predicted, overhead {plan.overhead * 100:+.1f}% "
+                   f"over store_all, {plan.recomputations} recomputations",
+        "solve time": f"{plan.solve_seconds:.2f} s",
+    }
+    rows.update(extra or {})
+    rows.update({k: str(v) for k, v in plan.info.items()})
+    for k, v in rows.items():
+        table.add_row(k, str(v))
+    return table
+
+
+# ------------------------------------------------------------------------------ commands
+
+
+def cmd_plan(args, ui: _Ui) -> int:
+    example = load_example(args.model, args.size)
+    base = _capture(ui, example, args.cost_model)
+    with ui.phase(f"planned with {args.solver} for budget {_fraction_label(args.budget)}"):
+        plan = _make_plan(base.graph, args.budget, args.solver, time_limit=args.time_limit)
+    ui.out.print(_plan_table(f"Plan for {example.name}", plan, base.peak_bytes))
+    if args.save:
+        plan.save(args.save)
+        ui.out.print(f"saved to {args.save}")
+    return EXIT_OK
+
+
+def cmd_sweep(args, ui: _Ui) -> int:
+    from .api import ParetoFront
+    from .errors import InfeasibleBudgetError, SolverError
+    from .solvers import available
+
+    _check_output(args.output)
+    unknown = [s for s in args.solvers if s != "auto" and s not in available()]
+    if unknown:
+        raise CliError(f"unknown solver(s) {', '.join(unknown)}: choose 'auto' or any of {', '.join(available())}",
+                       EXIT_USAGE)
+    example = load_example(args.model, args.size)
+    base = _capture(ui, example, args.cost_model)
+    graph = base.graph
+    front = ParetoFront()
+    front.store_all_peak = base.peak_bytes
+    front.budgets = [_budget_bytes(graph, b) for b in args.budgets]
+    solve_seconds = {s: 0.0 for s in args.solvers}
+    start = time.perf_counter()
+    with ui.progress() as progress:
+        task = progress.add_task("planning", total=len(args.solvers) * len(args.budgets))
+        for solver in args.solvers:
+            plans = []
+            for label, b in zip(args.budgets, front.budgets):
+                progress.update(task, description=f"{solver} at {_fraction_label(label)}")
+                t0 = time.perf_counter()
+                try:
+                    plan = _make_plan(graph, b, solver, time_limit=args.time_limit)
+                except (InfeasibleBudgetError, SolverError):
+                    plan = None
+                solve_seconds[solver] += time.perf_counter() - t0
+                plans.append(plan if plan is not None and (b is None or plan.peak_bytes <= b) else None)
+                progress.advance(task)
+            front[solver] = plans
+    ui.out.print(f"[green]\u2713[/] planned {len(args.solvers)} solver(s) x {len(args.budgets)} budget(s) "
+                 f"[dim]({time.perf_counter() - start:.1f} s)[/]")
+
+    table = Table(title=f"{example.name}: predicted overhead over store_all (and peak) per budget",
+                  title_justify="left")
+    table.add_column("budget", justify="right")
+    table.add_column("of store_all", justify="right")
+    for s in args.solvers:
+        table.add_column(s, justify="right", no_wrap=True)
+    for k, (label, b) in enumerate(zip(args.budgets, front.budgets)):
+        cells = [front[s][k] for s in args.solvers]
+        best = min((p.overhead for p in cells if p is not None), default=None)
+        row = []
+        for p in cells:
+            if p is None:
+                row.append("[dim]-[/]")
+            else:
+                text = f"{p.overhead * 100:+.1f}%  {_fmt(p.peak_bytes)}"
+                row.append(f"[bold green]{text}[/]" if p.overhead == best else text)
+        share = "-" if b is None else f"{b / base.peak_bytes * 100:.0f}%"
+        table.add_row(f"{_fraction_label(label)} = {_fmt(b)}" if label is not None else "none", share, *row)
+    table.caption = ("- : no plan within that budget.  Solve time: "
+                     + ", ".join(f"{s} {t:.1f} s" for s, t in solve_seconds.items()))
+    ui.out.print(table)
+    if args.output:
+        from .viz import plot_pareto
+
+        plot_pareto(front, args.output, title=f"{example.name} ({args.size}): overhead against budget")
+        ui.out.print(f"wrote {args.output}")
+    return EXIT_OK
+
+
+def _optimize(example, budget, solver: str, cost_model: str, time_limit):
+    """``remat.optimize``, also for ``budget="min"`` where the planner does not take it yet."""
+    from .api import optimize
+    from .budget import BudgetError
+    from .errors import InfeasibleBudgetError
+
+    def run(b):
+        return optimize(example.model, *example.args, budget=b, solver=solver, cost_model=cost_model,
+                        time_limit=time_limit, **example.kwargs)
+
+    try:
+        return run(budget)
+    except BudgetError:
+        if budget != "min":
+            raise
+    try:
+        return run(0)
+    except InfeasibleBudgetError as err:
+        return run(err.min_budget_bytes)
+
+
+def _timed_rounds(steps: dict[str, Callable[[], Any]], setup: Callable[[], Any], rounds: int, sync, progress, task,
+                  min_round_seconds: float = 0.05) -> dict[str, list[float]]:
+    """Seconds per step of each of ``steps``, one reading per round; within a round each step
+    runs ``k`` times (``k`` makes a round last ``min_round_seconds``), and the order in which
+    the steps run alternates from round to round, so drifts of the machine hit all alike."""
+    names = list(steps)
+    single = {}
+    for name in names:  # warm-up + calibration
+        setup()
+        t0 = time.perf_counter()
+        steps[name]()
+        sync()
+        single[name] = time.perf_counter() - t0
+    k = max(1, math.ceil(min_round_seconds / max(max(single.values()), 1e-6)))
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            total = 0.0
+            for _ in range(k):
+                setup()
+                sync()
+                t0 = time.perf_counter()
+                steps[name]()
+                sync()
+                total += time.perf_counter() - t0
+            times[name].append(total / k)
+        progress.advance(task)
+    return times
+
+
+def _measured_cpu_timeline(step: Callable[[], Any]) -> list[int]:
+    """Bytes held by torch's CPU allocator over one run of ``step``, one reading per allocation
+    or free (``torch.profiler`` memory events, as in :mod:`remat.measure`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    import torch
+
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    cpu = torch._C._autograd.DeviceType.CPU
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]" and e.device_type() == cpu)
+    series, in_use = [0], 0
+    for _, nbytes in events:
+        in_use += nbytes
+        series.append(in_use)
+    return series
+
+
+def cmd_bench(args, ui: _Ui) -> int:
+    import torch
+
+    from .measure import measure_step
+    from .solvers import solve
+
+    _check_output(args.output)
+    if args.rounds < 1:
+        raise CliError("--rounds must be at least 1", EXIT_USAGE)
+    example = load_example(args.model, args.size, device=args.device)
+    with ui.phase(f"captured and planned {example.name} with {args.solver} for budget {_fraction_label(args.budget)}"):
+        module = _optimize(example, args.budget, args.solver, args.cost_model, args.time_limit)
+    plan = module.plan
+    store_all = solve("store_all", plan.graph, None)
+    model = example.model
+
+    def setup():
+        model.zero_grad(set_to_none=True)
+
+    def eager_step():
+        example.loss(model(*example.args, **example.kwargs)).backward()
+
+    def planned_step():
+        example.loss(module(*example.args, **example.kwargs)).backward()
+
+    device = torch.device(args.device)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    with ui.progress() as progress:
+        task = progress.add_task("measuring peak memory", total=2)
+        eager = measure_step(eager_step, device=device, setup=setup, warmup=1, repeats=1)
+        progress.advance(task)
+        planned = measure_step(planned_step, device=device, setup=setup, warmup=1, repeats=1)
+        progress.advance(task)
+    ui.out.print("[green]\u2713[/] measured peak memory of both steps")
+    with ui.progress() as progress:
+        task = progress.add_task(f"timing {args.rounds} alternating rounds", total=args.rounds)
+        times = _timed_rounds({"eager": eager_step, "planned": planned_step}, setup, args.rounds, sync, progress, task)
+    ratios = [p / e for p, e in zip(times["planned"], times["eager"])]
+    ratio = statistics.median(ratios)
+    ui.out.print(f"[green]\u2713[/] timed {args.rounds} rounds")
+
+    table = Table(title=f"{example.name}: one training step on {device}", title_justify="left")
+    for col in ("step", "budget", "predicted peak", "measured peak", "predicted time", "measured time", "time vs eager"):
+        table.add_column(col, justify="left" if col == "step" else "right")
+    table.add_row("eager PyTorch (unplanned)", "-", _fmt(store_all.peak_bytes), _fmt(eager.peak_bytes),
+                  "1.00x", f"{statistics.median(times['eager']) * 1e3:.2f} ms", "1.00x")
+    table.add_row(f"remat ({plan.solver})", _fmt(plan.budget_bytes), _fmt(plan.peak_bytes), _fmt(planned.peak_bytes),
+                  f"{1 + plan.overhead:.2f}x", f"{statistics.median(times['planned']) * 1e3:.2f} ms", f"{ratio:.2f}x")
+    spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if len(ratios) > 1 else f"{ratios[0]:.2f}"
+    table.caption = (
+        "Peaks: growth of allocated memory during one forward+backward (gradients included, weights and "
+        "inputs excluded); predicted by the simulator (eager: remat's store_all plan), measured from the "
+        "allocator. Predicted time: compute relative to store_all. Time vs eager: the planned step's time "
+        f"divided by the unplanned eager step's on the same model and inputs, median of {len(ratios)} "
+        f"alternating rounds (eager, planned, planned, eager, ...), range {spread}x."
+    )
+    ui.out.print(table)
+    if args.output:
+        from .viz import plot_timeline
+
+        measured: Any = planned.peak_bytes
+        if device.type == "cpu":
+            setup()
+            measured = _measured_cpu_timeline(planned_step)
+        plot_timeline(plan, args.output, measured=measured,
+                      title=f"{example.name} ({args.size}): {plan.solver}, predicted vs measured memory")
+        ui.out.print(f"wrote {args.output}")
+    return EXIT_OK
+
+
+def _best_try(result, method: str, size: int | None):
+    return next((t for t in result.tries if t.method == method and t.batch == size and t.fits), None)
+
+
+def cmd_maxbatch(args, ui: _Ui) -> int:
+    import remat
+
+    max_batch_size = getattr(remat, "max_batch_size", None)
+    if max_batch_size is None:
+        raise CliError("this installation of remat has no remat.max_batch_size")
+    if args.start < 1 or (args.max_batch is not None and args.max_batch < args.start):
+        raise CliError("--start must be >= 1 and --max-batch >= --start", EXIT_USAGE)
+    template = load_example(args.model, args.size, batch=args.start, device=args.device)
+
+    def make_model():
+        return load_example(args.model, args.size, batch=args.start, device=args.device).model
+
+    def make_batch(n: int):
+        ex = load_example(args.model, args.size, batch=n, device=args.device)
+        return tuple(ex.args), dict(ex.kwargs)
+
+    tries: list = []
+    with ui.progress() as progress:
+        task = progress.add_task(f"searching batch sizes under {_fmt(args.memory_limit)}", total=None)
+
+        def on_try(record):
+            tries.append(record)
+            verdict = "fits" if record.fits else "does not fit"
+            progress.update(task, description=f"{record.method} batch {record.batch}: {verdict}")
+            measured = "" if record.measured_bytes is None else f"measured {_fmt(record.measured_bytes)}"
+            progress.console.print(f"  {record.method:<6} batch {record.batch:>6}  {verdict:<12}  {measured:<22} "
+                                   f"{record.reason}".rstrip(), highlight=False)  # above the bar, on stderr
+
+        result = max_batch_size(make_model, make_batch, args.memory_limit, solver=args.solver, loss_fn=template.loss,
+                                device=args.device, start=args.start, max_batch=args.max_batch,
+                                compare_plain=not args.no_plain, on_try=on_try, cost_model=args.cost_model)
+    ui.out.print(f"[green]\u2713[/] tried {len(tries)} batch sizes")
+    log = Table(title="tries, in order", title_justify="left")
+    for col in ("method", "batch", "fits", "measured total", "predicted total", "why not"):
+        log.add_column(col, justify="right" if col in ("batch", "measured total", "predicted total") else "left")
+    for t in tries:
+        log.add_row(t.method, str(t.batch), "yes" if t.fits else "no", _fmt(t.measured_bytes),
+                    _fmt(getattr(t, "predicted_bytes", None)), t.reason)
+    ui.out.print(log)
+
+    table = Table(title=f"{template.name}: the largest batch whose measured step fits in {_fmt(args.memory_limit)}",
+                  title_justify="left")
+    for col in ("", "batch size", "measured total", "of which the step's peak"):
+        table.add_column(col, justify="left" if not col else "right")
+    rows = [(f"remat ({args.solver})", "remat", result.batch_size)]
+    if not args.no_plain:
+        rows.append(("plain PyTorch", "plain", result.plain_batch_size))
+    for label, method, size in rows:
+        best = _best_try(result, method, size)
+        total = None if best is None else best.measured_bytes
+        growth = None if best is None or total is None else total - best.fixed_bytes
+        table.add_row(label, str(size or 0), _fmt(total), _fmt(growth))
+    table.caption = ("Measured total = parameters + buffers + the batch + the step's measured peak growth "
+                     "(optimizer state not included)."
+                     + (f" remat fits {result.batch_size / result.plain_batch_size:.2f}x plain PyTorch's batch."
+                        if result.batch_size and result.plain_batch_size else ""))
+    ui.out.print(table)
+    if args.save and result.plan is not None:
+        result.plan.save(args.save)
+        ui.out.print(f"saved the plan for batch {result.batch_size} to {args.save}")
+    if not result.batch_size:
+        raise CliError(f"not even batch {args.start} fits in {_fmt(args.memory_limit)} with remat "
+                       "(see the tries above)")
+    return EXIT_OK
+
+
+def cmd_plot(args, ui: _Ui) -> int:
+    from . import viz
+
+    _check_output(args.output)
+    plan = load_plan(args.plan)
+    with ui.phase(f"drew the {args.kind} of {args.plan}"):
+        name = os.path.basename(args.plan)
+        if args.kind == "timeline":
+            viz.plot_timeline(plan, args.output, name=name)
+        else:
+            viz.plot_schedule(plan, args.output, name=name)
+    ui.out.print(f"wrote {args.output}")
+    return EXIT_OK
+
+
+def cmd_demo(args, ui: _Ui) -> int:
+    from .demo import run_demo
+
+    rows = run_demo(args.model, args.size, args.steps, console=ui.out)
+    return EXIT_OK if all(r.max_rel_err <= 1e-5 for r in rows) else EXIT_ERROR
+
+
+# ------------------------------------------------------------------------------ parser, main
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL", help="a built-in model (remat.zoo.names()) or package.module:factory")
+    p.add_argument("--size", default="small", choices=SIZES, help="scale of a built-in model (default: small)")
+
+
+def _add_planning(p: argparse.ArgumentParser, budget_required: bool) -> None:
+    p.add_argument("--budget", type=parse_budget, required=budget_required, default=None,
+                   help="a fraction in (0, 1], 'min' (the smallest feasible), or a size with a unit (2GiB, 800MB)")
+    p.add_argument("--solver", default="auto", help="auto (default) or one of remat.available_solvers()")
+    p.add_argument("--cost-model", default="flops", choices=["flops", "profile", "unit"])
+    p.add_argument("--time-limit", type=float, default=None, help="seconds a MILP solver may run")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .api import DEFAULT_PARETO_BUDGETS, DEFAULT_PARETO_SOLVERS
+
+    parser = _Parser(prog="remat", description="Fit a PyTorch training step into a memory budget.",
+                     epilog="BUDGET: a bare number is a fraction in (0, 1]; bytes need a unit (2GiB); 'min' is the "
+                            "smallest feasible budget.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser("demo", help="train a small GPT-2 at several budgets and measure it")
     demo.add_argument("--model", default="gpt2")
-    demo.add_argument("--size", default="small", choices=["tiny", "small", "medium"])
+    demo.add_argument("--size", default="small", choices=SIZES)
     demo.add_argument("--steps", type=int, default=3)
+    demo.set_defaults(func=cmd_demo)
 
     plan = sub.add_parser("plan", help="plan one model's training step and print the plan")
-    plan.add_argument("model", help="a built-in model name (see remat.zoo.names()) or module:factory")
-    plan.add_argument("--size", default="small", choices=["tiny", "small", "medium"])
-    plan.add_argument("--budget", type=_budget, default=None,
-                      help="bytes (int), a size ('1.5GiB'), or a fraction of store_all's peak (0.5)")
-    plan.add_argument("--solver", default="auto")
-    plan.add_argument("--cost-model", default="flops", choices=["flops", "unit"])
-    plan.add_argument("--save", help="write the plan as JSON to this path")
+    _add_model(plan)
+    _add_planning(plan, budget_required=False)
+    plan.add_argument("--save", metavar="PLAN.json", help="write the plan as JSON")
+    plan.set_defaults(func=cmd_plan)
 
-    args = parser.parse_args(argv)
-    console = Console(width=max(Console().width, 110))  # the tables need ~110 columns
-    if args.command == "demo":
-        from .demo import run_demo
+    sweep = sub.add_parser("sweep", help="overhead against budget for several solvers (a table and a plot)")
+    _add_model(sweep)
+    sweep.add_argument("--solvers", nargs="+", default=list(DEFAULT_PARETO_SOLVERS), metavar="SOLVER")
+    sweep.add_argument("--budgets", nargs="+", type=parse_budget, default=list(DEFAULT_PARETO_BUDGETS),
+                       metavar="BUDGET")
+    sweep.add_argument("--cost-model", default="flops", choices=["flops", "profile", "unit"])
+    sweep.add_argument("--time-limit", type=float, default=None, help="seconds a MILP solver may run per budget")
+    sweep.add_argument("--output", metavar="FILE.png|svg", help="plot the curves to this file")
+    sweep.set_defaults(func=cmd_sweep)
 
-        rows = run_demo(args.model, args.size, args.steps, console=console)
-        return 0 if all(r.max_rel_err <= 1e-5 for r in rows) else 1
-    if args.command == "plan":
-        from .api import plan as make_plan
-        from .errors import RematError
+    bench = sub.add_parser("bench", help="run the plan: predicted vs measured peak and time against eager")
+    _add_model(bench)
+    _add_planning(bench, budget_required=True)
+    bench.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    bench.add_argument("--rounds", type=int, default=10, help="alternating timing rounds (default 10)")
+    bench.add_argument("--output", metavar="FILE.png|svg", help="plot predicted and measured memory to this file")
+    bench.set_defaults(func=cmd_bench)
 
-        example = _load(args.model, args.size)
+    maxbatch = sub.add_parser("maxbatch", help="the largest batch whose measured step fits a memory limit")
+    _add_model(maxbatch)
+    maxbatch.add_argument("--memory-limit", type=parse_memory, required=True, metavar="SIZE",
+                          help="total step memory (parameters, buffers, batch, the step's peak; not optimizer "
+                               "state): a size with a unit (16GiB, 800MB)")
+    maxbatch.add_argument("--solver", default="auto", help="auto (default) or one of remat.available_solvers()")
+    maxbatch.add_argument("--cost-model", default="flops", choices=["flops", "profile", "unit"])
+    maxbatch.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    maxbatch.add_argument("--start", type=int, default=1, help="first batch size tried (default 1)")
+    maxbatch.add_argument("--max-batch", type=int, default=None, help="never try a larger batch")
+    maxbatch.add_argument("--no-plain", action="store_true", help="skip the plain PyTorch comparison")
+    maxbatch.add_argument("--save", metavar="PLAN.json", help="write the plan of the largest batch as JSON")
+    maxbatch.set_defaults(func=cmd_maxbatch)
+
+    plot = sub.add_parser("plot", help="draw a saved plan: its memory timeline or its schedule matrix")
+    plot.add_argument("plan", metavar="PLAN.json")
+    plot.add_argument("--output", required=True, metavar="FILE.png|svg")
+    plot.add_argument("--kind", default="timeline", choices=["timeline", "schedule"])
+    plot.set_defaults(func=cmd_plot)
+    return parser
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _infeasible_line(err) -> str:
+    """One line for an InfeasibleBudgetError, naming the smallest feasible budget."""
+    least = err.min_budget_bytes
+    fraction = getattr(err, "min_budget_fraction", None)
+    as_fraction = f", a fraction of {fraction:.3f}" if isinstance(fraction, float) else ""
+    return (f"remat: no plan fits a budget of {_fmt(err.budget_bytes)}; the smallest feasible budget is "
+            f"{_fmt(least)} ({least} bytes{as_fraction}): rerun with --budget min or --budget {least}B")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``remat`` command; returns the exit status (errors are one line on stderr)."""
+    from .errors import InfeasibleBudgetError, RematError
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # --help, or a usage error already printed as one line
+        return stop.code if isinstance(stop.code, int) else EXIT_USAGE
+    ui = _Ui()
+    show_warning = warnings.showwarning
+
+    def warn_on_one_line(message, category, filename, lineno, file=None, line=None):
+        ui.err.print(Text.assemble((category.__name__, "yellow"), f": {_one_line(message)}"), soft_wrap=True)
+
+    warnings.showwarning = warn_on_one_line  # printed above a running progress bar, without source lines
+    try:
         try:
-            result = make_plan(example.model, *example.args, budget=args.budget, solver=args.solver,
-                               cost_model=args.cost_model, **example.kwargs)
-        except RematError as err:
-            console.print(f"[red]{type(err).__name__}[/]: {err}")
-            return 2
-        console.print(result.graph.summary())
-        console.print(result.summary())
-        if args.save:
-            result.save(args.save)
-            console.print(f"saved to {args.save}")
-        return 0
-    return 1
+            return args.func(args, ui)
+        finally:
+            sys.stdout.flush()  # what was printed comes before an error line
+            warnings.showwarning = show_warning
+    except CliError as err:
+        sys.stderr.write(f"remat {args.command}: error: {_one_line(err)}\n")
+        return err.status
+    except InfeasibleBudgetError as err:
+        sys.stderr.write(_one_line(_infeasible_line(err)) + "\n")
+        return EXIT_INFEASIBLE
+    except RematError as err:
+        sys.stderr.write(f"remat {args.command}: {type(err).__name__}: {_one_line(err)}\n")
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        sys.stderr.write("remat: interrupted\n")
+        return 130
 
 
 if __name__ == "__main__":
