@@ -21,10 +21,11 @@ scales only the rest::
 ``1.0`` is the store-everything peak; ``0.5`` keeps half of what a plan can trade (mostly
 activations) on top of the gradients; small fractions are usually below what any plan can
 reach (:class:`~remat.errors.InfeasibleBudgetError` then names the smallest, in bytes and as
-a fraction). A fraction of the *whole* peak would put the feasible range of a model whose
-parameter gradients dominate its peak (a small MLP, a CNN) in the last few percent;
-PyTorch's ``torch._functorch.config.activation_memory_budget`` is likewise a fraction of
-the activation memory, not of the whole step.
+a fraction). A fraction of the *whole* peak would mostly measure the gradients, which no
+plan can reduce (on the zoo's tiny MLP they and the loss are 90% of the peak, so every
+fraction below 0.9 would be infeasible); PyTorch's
+``torch._functorch.config.activation_memory_budget`` is likewise a fraction of the
+activation memory, not of the whole step.
 """
 
 from __future__ import annotations
