@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import linecache
+import os
+import re
+import sys
 import types
+import warnings
 from typing import Any
 
 import torch
@@ -20,7 +25,7 @@ import torch.nn as nn
 
 from .backend import remat_backend
 from .capture import Capture
-from .errors import CaptureError, InfeasibleBudgetError, RematError, SolverError
+from .errors import CaptureError, InfeasibleBudgetError, NotTrainingWarning, RematError, SolverError
 from .plan import Plan
 from .solvers import available as available_solvers
 
@@ -44,15 +49,70 @@ def _unwrap_compile_error(err: BaseException) -> BaseException:
         seen = getattr(seen, "inner_exception", None) or seen.__cause__
     dynamo_exc = torch._dynamo.exc
     if isinstance(err, (dynamo_exc.Unsupported, dynamo_exc.UserError)):
-        lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-        reason = lines[0] if lines else type(err).__name__
-        where = next((ln for ln in lines if ln.startswith("Caused by:")), "")
-        return CaptureError(
-            f"remat needs the model's forward as one graph, but Dynamo could not capture it ({type(err).__name__}): "
-            f"{reason} {where} -- rewrite that part of forward() without data-dependent Python control flow "
-            "(.item(), if on tensor values) or unsupported calls, or plan the parts on either side of it separately."
-        )
+        return _capture_error(err)
     return err
+
+
+_NOT_USER_CODE = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(torch.__file__)))
+
+
+def _user_frame(err: BaseException) -> tuple[str, int, str] | None:
+    """(file, line, source text) of the innermost frame of the user's code where Dynamo stopped.
+
+    Dynamo's graph-break exceptions carry the traced user stack as ``real_stack``; its
+    message repeats it under "from user code:", which is read when the attribute is missing.
+    Frames of remat and torch are skipped."""
+    frames = [(f.filename, f.lineno, (f.line or "").strip()) for f in getattr(err, "real_stack", None) or ()]
+    if not frames:
+        found = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)', str(err))
+        frames = [(f, int(n), src.strip()) for f, n, src in found]
+    for filename, lineno, line in reversed(frames):
+        if not os.path.abspath(filename).startswith(_NOT_USER_CODE):
+            if not line:
+                line = linecache.getline(filename, lineno).strip()
+            return filename, lineno, line
+    return None
+
+
+def _capture_error(err: BaseException) -> CaptureError:
+    """A CaptureError for Dynamo's graph-break ``err``: what, where (file, line, source) and what to do."""
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    reason = lines[0] if lines else type(err).__name__
+    where = _user_frame(err)
+    if where is None:
+        at = ""
+        caused = next((ln for ln in lines if ln.startswith("Caused by:")), "")
+        reason = f"{reason} {caused}".strip()
+    else:
+        at = f" at {where[0]}, line {where[1]}: `{where[2]}`"
+    return CaptureError(
+        f"remat needs the model's forward as one graph, but Dynamo could not capture it{at} "
+        f"({type(err).__name__}: {reason}). Rewrite that line without data-dependent Python control flow "
+        "(an `if` on a tensor's value, .item() in a condition or a shape) or the unsupported call, for example "
+        "with torch.where, or plan the parts on either side of it separately.",
+        filename=where and where[0], lineno=where and where[1], line=where and where[2],
+    )
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning issued by this module's caller point at the first
+    frame outside this module (the user's call of optimize, plan or pareto)."""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _warn_if_not_training(model: nn.Module) -> None:
+    """Warn when ``model`` is in eval mode: the captured step is then eval mode's."""
+    if not model.training:
+        warnings.warn(
+            "remat was asked to plan a model in eval mode: it captures and plans the step as it runs in eval mode "
+            "(Dropout off, BatchNorm normalising with its running statistics and not updating them), which is not "
+            "the training step if you train in train mode. Call model.train() first; a later call in train mode "
+            "would capture and plan again.",
+            NotTrainingWarning, stacklevel=_user_stacklevel(),
+        )
 
 
 _entry_count = itertools.count()
@@ -163,21 +223,44 @@ def optimize(
 ) -> RematModule:
     """Plan ``model``'s training step for ``budget`` and return a module that runs the plan.
 
+    ``budget``: bytes (int), a size (``"2GiB"``), a fraction in (0, 1] of the memory a plan can
+    change (0.5: the gradients and outputs every plan holds, plus half of the rest of the
+    store-everything peak; see :mod:`remat.budget`), ``"min"`` (the smallest feasible budget) or
+    None (no limit). A model in eval mode, or a call with gradients disabled, gets a
+    :class:`~remat.errors.NotTrainingWarning`.
+
     The example inputs are run through the forward once, to capture the graph; the model's
     buffers (e.g. BatchNorm statistics) and the random number generators are restored
     afterwards, so this leaves no trace on training. Raises
     :class:`~remat.errors.InfeasibleBudgetError` when no plan fits and
     :class:`~remat.errors.CaptureError` when the forward cannot be captured as one graph.
     """
+    _warn_if_not_training(model)
+    if not torch.is_grad_enabled():
+        warnings.warn(
+            "remat.optimize was called with gradients disabled (torch.no_grad() or torch.inference_mode()): it "
+            "plans the training step all the same (it captures with gradients enabled), but the module it returns "
+            "runs the original model, without the plan, wherever gradients are disabled. Call the module where "
+            "you train, with gradients enabled; evaluation and inference need no plan.",
+            NotTrainingWarning, stacklevel=2,
+        )
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
                    time_limit=time_limit, solver_options=solver_options or {})
     wrapped = RematModule(model, options)
-    args, kwargs = _detached_copies(example_args), _detached_copies(example_kwargs)  # forward may mutate them
-    with _no_lasting_effects(model), torch.enable_grad():
-        wrapped(*args, **kwargs)
+    with _training_step_mode():
+        args, kwargs = _detached_copies(example_args), _detached_copies(example_kwargs)  # forward may mutate them
+        with _no_lasting_effects(model):
+            wrapped(*args, **kwargs)
     if wrapped.plan is None:
         raise CaptureError(_NO_TRAINING_GRAPH)
     return wrapped
+
+
+@contextlib.contextmanager
+def _training_step_mode():
+    """Gradients enabled and inference mode off, for capturing a training step."""
+    with torch.inference_mode(False), torch.enable_grad():
+        yield
 
 
 def _detached_copies(tree):
@@ -219,9 +302,10 @@ def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_mode
 
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
                    time_limit=time_limit, solver_options=solver_options or {}, on_plan=stop)
+    _warn_if_not_training(model)
     compiled = _compile(model, options)
     try:
-        with torch.enable_grad():
+        with _training_step_mode():
             compiled(*example_args, **example_kwargs)
     except Exception as err:
         inner = _unwrap_compile_error(err)
@@ -241,11 +325,13 @@ DEFAULT_PARETO_BUDGETS = (1.0, 0.8, 0.6, 0.5, 0.4, 0.3, 0.25, 0.2, 0.15, 0.1)
 class ParetoFront(dict):
     """``front[solver]``: one :class:`Plan` per budget (``None`` where the solver found none within it).
 
-    ``front.budgets`` are the budgets in bytes, ``front.store_all_peak`` the unplanned step's peak.
+    ``front.budgets`` are the budgets in bytes, ``front.store_all_peak`` the unplanned step's peak,
+    ``front.fixed_bytes`` the part of it no plan changes (see :mod:`remat.budget`).
     """
 
     budgets: list[int]
     store_all_peak: int
+    fixed_bytes: int
 
     def table(self) -> str:
         """A text table: predicted overhead (and peak) of each solver at each budget."""
@@ -265,14 +351,14 @@ def pareto(model, *example_args, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT
            **example_kwargs) -> ParetoFront:
     """Plan ``model``'s training step with each of ``solvers`` at each of ``budgets``.
 
-    The model is captured once. Budgets are fractions of the unplanned step's peak or sizes, as
-    in :func:`optimize`. Returns a :class:`ParetoFront`: for each solver, one plan per budget, or
+    The model is captured once. Budgets are as in :func:`optimize`: bytes, sizes, fractions of the
+    memory a plan can change, or ``"min"`` (the smallest budget ``auto`` meets). Returns a :class:`ParetoFront`: for each solver, one plan per budget, or
     ``None`` where it has no plan within that budget. ``rotor`` and ``hierarchical`` keep their
     decomposition, block menus and DP tables across budgets, so each further budget costs only
     the DP; the other solvers plan each budget from scratch.
     """
-    from .budget import resolve_budget
-    from .planner import make_plan
+    from .budget import fixed_bytes
+    from .planner import make_plan, resolve
 
     for name in solvers:
         if name != "auto" and name not in available_solvers():
@@ -280,9 +366,9 @@ def pareto(model, *example_args, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT
     base, _ = capture_and_plan(model, *example_args, solver="store_all", cost_model=cost_model,
                                workspace=workspace, **example_kwargs)
     graph = base.graph
-    budget_bytes = [resolve_budget(b, base.peak_bytes) for b in budgets]
+    budget_bytes = [resolve(graph, b, time_limit=time_limit) for b in budgets]  # "min": auto's smallest
     front = ParetoFront()
-    front.budgets, front.store_all_peak = budget_bytes, base.peak_bytes
+    front.budgets, front.store_all_peak, front.fixed_bytes = budget_bytes, base.peak_bytes, fixed_bytes(graph)
     for name in solvers:
         plans = []
         for b in budget_bytes:

@@ -21,6 +21,7 @@ from torch._functorch.aot_autograd import aot_module_simplified
 
 from .capture import capture_joint
 from .cost import make_cost_fn, make_workspace_fn
+from .errors import RematError, through_dynamo
 from .lower import lower
 from .planner import make_plan
 from .runtime import boxed
@@ -81,13 +82,16 @@ def _device_of(joint: torch.fx.GraphModule) -> torch.device:
 def remat_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
     """Dynamo backend entry point (``options`` comes from ``torch.compile(..., options=...)``)."""
     opts = BackendOptions.from_dict({**(options or {}), **kwargs})
-    return aot_module_simplified(
-        gm,
-        example_inputs,
-        fw_compiler=_compile_boxed,
-        bw_compiler=_compile_boxed,
-        partition_fn=make_partition_fn(opts),
-    )
+    try:
+        return aot_module_simplified(
+            gm,
+            example_inputs,
+            fw_compiler=_compile_boxed,
+            bw_compiler=_compile_boxed,
+            partition_fn=make_partition_fn(opts),
+        )
+    except RematError as err:  # reach the user as remat's error, not as Dynamo's BackendCompilerFailed
+        raise through_dynamo(err) from err.__cause__
 
 
 register_backend(remat_backend, name="remat")

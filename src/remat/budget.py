@@ -2,20 +2,43 @@
 
 The budget bounds the *peak increase of allocated memory during one forward+backward*
 over what was live when the step began (gradients set to ``None`` first): activations,
-temporaries and the gradients the step produces. Parameters, buffers and inputs are
-outside it. Its Python type decides its unit:
+temporaries, the gradients the step produces and the outputs the caller holds.
+Parameters, buffers and inputs are outside it. Its Python type decides its unit:
 
 * ``int``   bytes: ``budget=3 * 2**30``;
 * ``str``   a size: ``"1.5GiB"``, ``"800MB"``, ``"512 KiB"``, ``"1e9"`` (bytes);
-* ``float`` in (0, 1]: that fraction of the store-everything plan's peak (``1.0`` = all of it);
+* ``float`` in (0, 1]: that fraction of the memory a plan *can* change (see below);
+* ``"min"`` the smallest budget any plan meets (found by solving; see :mod:`remat.planner`);
 * ``None``  no limit.
+
+**Fractions.** Part of the peak is the same for every plan: the gradients the step must
+hand back (the graph's backward outputs) and the forward outputs the caller holds (the
+loss, logits). No schedule can free them, so they are :func:`fixed_bytes`. A fraction ``f``
+scales only the rest::
+
+    budget_bytes = fixed + f * (store_all_peak - fixed)
+
+``1.0`` is the store-everything peak; ``0.5`` keeps half of what a plan can trade (mostly
+activations) on top of the gradients; small fractions are usually below what any plan can
+reach (:class:`~remat.errors.InfeasibleBudgetError` then names the smallest, in bytes and as
+a fraction). A fraction of the *whole* peak would mostly measure the gradients, which no
+plan can reduce (on the zoo's tiny ``dropout_mlp`` they and the loss are 77% of the peak,
+and the smallest feasible budget is 0.87 of the whole peak but 0.45 of the part a plan can
+change); PyTorch's
+``torch._functorch.config.activation_memory_budget`` is likewise a fraction of the
+activation memory, not of the whole step.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from typing import Callable
 
 from .errors import RematError
+from .graph import ACTIVATION, TANGENT, Graph
+
+MIN = "min"
 
 _UNITS = {
     "": 1,
@@ -33,6 +56,9 @@ _UNITS = {
     "g": 2**30,
 }
 
+_HOW = ("an int of bytes, a size such as '1.5GiB', '800MB' or '512KiB', a float in (0, 1] for a fraction "
+        "of the memory a plan can change, 'min' for the smallest feasible budget, or None for no limit")
+
 
 class BudgetError(RematError, ValueError):
     """A budget that cannot be understood."""
@@ -42,19 +68,37 @@ def parse_size(text: str) -> int:
     """``parse_size("1.5GiB") == 1610612736``; decimal units (MB) are powers of ten."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
-        raise BudgetError(
-            f"cannot read the budget {text!r}: write a size such as '1.5GiB', '800MB' or '512KiB', "
-            "an int of bytes, or a float in (0, 1] for a fraction of the store-everything peak"
-        )
+        raise BudgetError(f"cannot read the budget {text!r}: write {_HOW}")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def resolve_budget(budget, store_all_peak: int) -> int | None:
-    """The budget in bytes, given the store_all plan's peak (for fractions)."""
+def is_min(budget) -> bool:
+    """Whether ``budget`` asks for the smallest feasible budget (``"min"``, any case)."""
+    return isinstance(budget, str) and budget.strip().lower() == MIN
+
+
+def fixed_bytes(graph: Graph) -> int:
+    """The bytes no plan can change: every plan ends the step holding them.
+
+    They are the backward outputs (the gradients the step produces) and the forward outputs
+    the caller holds (kind ``activation``: a forward output that is a parameter or an input
+    is outside the budget anyway). A value that is both is counted once."""
+    values = graph.values
+    held = {v for v in graph.backward_outputs if values[v].kind in (ACTIVATION, TANGENT)}
+    held |= {v for v in graph.forward_outputs if values[v].kind == ACTIVATION}
+    return sum(values[v].bytes for v in held)
+
+
+def resolve_budget(budget, store_all_peak: int, fixed: int, *, smallest: Callable[[], int] | None = None) -> int | None:
+    """The budget in bytes.
+
+    ``store_all_peak`` is the store-everything plan's peak and ``fixed`` the graph's
+    :func:`fixed_bytes` (both for fractions); ``smallest()`` returns the smallest feasible
+    budget (for ``"min"``; the planner supplies it)."""
     if budget is None:
         return None
     if isinstance(budget, bool):
-        raise BudgetError("a budget cannot be a bool")
+        raise BudgetError(f"a budget cannot be a bool; write {_HOW}")
     if isinstance(budget, int):
         if budget < 0:
             raise BudgetError(f"a budget in bytes must be >= 0, got {budget}")
@@ -62,10 +106,33 @@ def resolve_budget(budget, store_all_peak: int) -> int | None:
     if isinstance(budget, float):
         if not 0.0 < budget <= 1.0:
             raise BudgetError(
-                f"a float budget is a fraction of the store-everything peak and must be in (0, 1], got {budget}; "
+                f"a float budget is a fraction of the memory a plan can change and must be in (0, 1], got {budget}; "
                 "pass an int for bytes or a string such as '2GiB'"
             )
-        return int(budget * store_all_peak)
+        return fraction_to_bytes(budget, store_all_peak, fixed)
     if isinstance(budget, str):
+        if is_min(budget):
+            if smallest is None:
+                raise BudgetError("budget='min' is resolved by solving: pass it to remat.optimize, plan or pareto")
+            return int(smallest())
         return parse_size(budget)
-    raise BudgetError(f"a budget must be an int (bytes), a str ('1.5GiB'), a float in (0, 1] or None, not {type(budget).__name__}")
+    raise BudgetError(f"a budget must be {_HOW}; got a {type(budget).__name__}")
+
+
+def fraction_to_bytes(fraction: float, store_all_peak: int, fixed: int) -> int:
+    """``fixed + fraction * (store_all_peak - fixed)``, rounded down to a byte."""
+    return int(fixed + math.floor(fraction * max(0, store_all_peak - fixed)))
+
+
+def bytes_to_fraction(nbytes: int, store_all_peak: int, fixed: int) -> float | None:
+    """The smallest fraction, to 4 decimals, that :func:`resolve_budget` turns into at least
+    ``nbytes``; None when no fraction in (0, 1] does (``nbytes`` above the store-everything peak)."""
+    if nbytes > store_all_peak:
+        return None
+    span = store_all_peak - fixed
+    if span <= 0:
+        return 1.0
+    f = max(1, math.ceil((nbytes - fixed) / span * 1e4)) / 1e4
+    while f < 1.0 and fraction_to_bytes(f, store_all_peak, fixed) < nbytes:  # float rounding
+        f = round(f + 1e-4, 4)
+    return min(f, 1.0)

@@ -8,23 +8,48 @@ class RematError(Exception):
 
 
 class InfeasibleBudgetError(RematError):
-    """No plan fits the budget. ``min_budget_bytes`` is the smallest budget that does."""
+    """No plan fits the budget.
 
-    def __init__(self, budget_bytes: int, min_budget_bytes: int, detail: str = ""):
+    ``min_budget_bytes`` is the smallest budget that works for the call that raised it (with
+    ``solver="auto"``: the smallest over every solver ``auto`` may use), and
+    ``min_budget_fraction`` the same budget as a fraction (see :mod:`remat.budget`; None when
+    no fraction reaches it). Passing either back as the budget, or ``budget="min"``, plans.
+    """
+
+    def __init__(self, budget_bytes: int, min_budget_bytes: int, detail: str = "", *,
+                 min_budget_fraction: float | None = None, budget_fraction: float | None = None,
+                 solver: str | None = None):
         self.budget_bytes = int(budget_bytes)
         self.min_budget_bytes = int(min_budget_bytes)
+        self.min_budget_fraction = min_budget_fraction
+        self.budget_fraction = budget_fraction
+        self.solver = solver
+        asked = f"{format_bytes(budget_bytes)} ({budget_bytes} bytes"
+        asked += f", fraction {budget_fraction:g})" if budget_fraction is not None else ")"
+        least = f"{format_bytes(min_budget_bytes)} ({min_budget_bytes} bytes"
+        least += f", fraction {min_budget_fraction:.4f})" if min_budget_fraction is not None else ")"
+        who = f"with solver {solver!r}" if solver and solver != "auto" else "(over every solver 'auto' may use)"
+        raise_to = f"{min_budget_bytes} bytes"
+        if min_budget_fraction is not None:
+            raise_to += f" (or the fraction {min_budget_fraction:.4f})"
         msg = (
-            f"no plan fits a budget of {format_bytes(budget_bytes)} ({budget_bytes} bytes); "
-            f"the smallest feasible budget is {format_bytes(min_budget_bytes)} ({min_budget_bytes} bytes). "
-            f"Raise the budget to at least {min_budget_bytes} bytes, or lower the batch size."
+            f"no plan fits a budget of {asked}; the smallest feasible budget {who} is {least}. "
+            f"Raise the budget to at least {raise_to}, pass budget='min', or lower the batch size."
         )
         if detail:
             msg += f" ({detail})"
         super().__init__(msg)
 
-
 class CaptureError(RematError):
-    """The model could not be captured as one graph (a graph break, an unsupported op)."""
+    """The model could not be captured as one graph (a graph break, an unsupported op).
+
+    For a graph break, ``filename``, ``lineno`` and ``line`` name the user's source line
+    (None when unknown); the message names it too."""
+
+    def __init__(self, message: str, *, filename: str | None = None, lineno: int | None = None,
+                 line: str | None = None):
+        super().__init__(message)
+        self.filename, self.lineno, self.line = filename, lineno, line
 
 
 class InvalidPlanError(RematError):
@@ -47,3 +72,42 @@ def format_bytes(n: float) -> str:
 
 class SolverTimeLimitWarning(UserWarning):
     """A solver stopped at its time limit and returned its best plan, which may not be optimal."""
+
+
+class NotTrainingWarning(UserWarning):
+    """``optimize`` or ``plan`` was called on a model in eval mode or with gradients disabled:
+    what gets planned, or what runs, is not the training step the user probably means."""
+
+
+_THROUGH_DYNAMO: dict[type, type] = {}
+
+
+def through_dynamo(err: RematError) -> RematError:
+    """``err`` as an instance of a subclass of its own class that Dynamo lets through.
+
+    A ``torch.compile`` backend's exceptions reach the user wrapped in Dynamo's
+    ``BackendCompilerFailed``, whose message leads with Dynamo's words, except for
+    subclasses of ``torch._dynamo.exc.ShortenTraceback``, which Dynamo re-raises as they
+    are (Inductor's own errors use this). The subclass keeps the class name, module,
+    message and attributes, so ``except remat.InfeasibleBudgetError`` still catches it
+    and the traceback ends in ``remat.errors.InfeasibleBudgetError: <remat's message>``.
+    """
+    from torch._dynamo.exc import ShortenTraceback
+
+    if isinstance(err, ShortenTraceback):
+        return err
+    cls = type(err)
+    if cls not in _THROUGH_DYNAMO:
+        _THROUGH_DYNAMO[cls] = type(cls.__name__, (cls, ShortenTraceback), {
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
+            "__init__": BaseException.__init__,
+            # Dynamo appends its own lines ("from user code", TORCHDYNAMO_VERBOSE) to the args of
+            # exceptions it re-raises; the message stays remat's
+            "__str__": lambda self: self.__dict__.get("_remat_message", BaseException.__str__(self)),
+        })
+    passed = _THROUGH_DYNAMO[cls](*err.args)
+    passed.__dict__.update(err.__dict__)
+    passed._remat_message = str(err)
+    passed.first_useful_frame = None  # keep the whole traceback (it starts in the user's code)
+    passed.__cause__, passed.__context__, passed.__traceback__ = err.__cause__, err.__context__, err.__traceback__
+    return passed

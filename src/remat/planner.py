@@ -6,31 +6,63 @@ worse than them), adding the hierarchical planner when the MILP stops at its tim
 (``AUTO_TIME_LIMIT`` seconds unless ``time_limit`` says otherwise) or misses the budget; a larger
 graph goes to the hierarchical planner, which itself hands graphs without block structure to the
 MILP. It keeps the plan with the least predicted compute among those within the budget (ties:
-the smaller peak); solvers that do not apply to the graph (``SolverError``) are skipped. A budget no plan meets
-raises :class:`~remat.errors.InfeasibleBudgetError` with the smallest budget any solver meets. Plans are cached in-process by (structural hash, costs,
-budget, solver, options).
+the smaller peak); solvers that do not apply to the graph (``SolverError``) are skipped.
+
+When none of those meets the budget, ``auto`` learns the smallest budget each of the fast
+solvers (``FAST_SOLVERS``) meets, by solving at budget 0, where a solver returns its plan of
+smallest peak. Below the smallest of all of them (the MILP's included: when it misses a budget
+it returns its smallest-peak plan), it raises :class:`~remat.errors.InfeasibleBudgetError`
+naming that minimum, in bytes and as a fraction; otherwise it falls back to the cheapest plan
+within the budget among the fast solvers' plans at the budget and the smallest-peak plans. So
+a budget equal to the minimum it names always plans, and so does ``budget="min"``.
+
+A named solver that misses a budget likewise falls back to its own smallest-peak plan when that
+fits, and otherwise raises with its own minimum (and the lower one ``auto`` reaches, if any).
+
+Two in-process caches, both keyed by the graph's :attr:`~remat.graph.Graph.planning_key`: the
+plans made (key: budget, solver, options), and each solver's smallest-peak plan seen so far.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 
-from .budget import resolve_budget
+from .budget import bytes_to_fraction, fixed_bytes, is_min, resolve_budget
 from .errors import InfeasibleBudgetError, SolverError
 from .graph import Graph
 from .plan import Plan
 from .solvers import SOLVERS, solve
 
-_CACHE: dict[tuple, Plan] = {}
+AUTO_TIME_LIMIT = 30.0
+AUTO_MILP_NODES = 100  # the op-level MILP usually proves optimality on graphs this small
+FAST_SOLVERS = ("checkpoint_all", "chen_sqrt", "chen_greedy", "rotor", "hierarchical")  # auto's fallbacks
+# solvers whose plan at a budget they cannot meet is already their smallest-peak plan (the MILP
+# then minimises the peak): their minimum is learnt from that plan, not from a second solve
+MINIMUM_WHEN_INFEASIBLE = ("checkmate", "checkmate_lp")
+
+_CACHE: dict[tuple, Plan] = {}  # plans made
+_SMALLEST: dict[tuple, Plan] = {}  # (graph, solver, options) -> the smallest-peak plan seen
+_MINIMUM_KNOWN: set[tuple] = set()  # keys of _SMALLEST holding the solver's own minimum
+
+
+def _options_key(options: dict) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in options.items()))
 
 
 def _cache_key(graph: Graph, budget_bytes, solver, options) -> tuple:
-    return graph.planning_key + (budget_bytes, solver, tuple(sorted(options.items())))
+    return graph.planning_key + (budget_bytes, solver, _options_key(options))
 
 
-AUTO_TIME_LIMIT = 30.0
-AUTO_MILP_NODES = 100  # the op-level MILP usually proves optimality on graphs this small
-FAST_SOLVERS = ("checkpoint_all", "chen_sqrt", "chen_greedy", "rotor", "hierarchical")  # for naming a minimum
+def _smallest_key(graph: Graph, solver: str, options: dict) -> tuple:
+    return graph.planning_key + (solver, _options_key(options))
+
+
+def clear_caches() -> None:
+    """Forget every plan made and every minimum learnt in this process."""
+    _CACHE.clear()
+    _SMALLEST.clear()
+    _MINIMUM_KNOWN.clear()
 
 
 def auto_candidates(graph: Graph) -> list[str]:
@@ -38,63 +70,184 @@ def auto_candidates(graph: Graph) -> list[str]:
     return ["checkmate"] if len(graph.nodes) <= AUTO_MILP_NODES else ["hierarchical"]
 
 
-def _try_solve(name: str, graph: Graph, budget_bytes, time_limit, options, skip_inapplicable: bool) -> Plan | None:
+def auto_solvers(graph: Graph) -> list[str]:
+    """Every solver ``auto`` may use on ``graph``: its first choices, then the fast ones."""
+    names = auto_candidates(graph) + (["hierarchical"] if auto_candidates(graph) == ["checkmate"] else [])
+    return names + [n for n in FAST_SOLVERS if n not in names]
+
+
+# ------------------------------------------------------------------------- solving, remembering
+def _remember(graph: Graph, name: str, options: dict, plan: Plan) -> None:
+    key = _smallest_key(graph, name, options)
+    old = _SMALLEST.get(key)
+    if old is None or (plan.peak_bytes, plan.compute_seconds) < (old.peak_bytes, old.compute_seconds):
+        _SMALLEST[key] = plan
+
+
+def _run(name: str, graph: Graph, budget_bytes, time_limit, options: dict, skip_inapplicable: bool) -> Plan | None:
+    """``solve``, remembering the plan's peak; None for a solver that does not apply (when skipped)."""
     try:
-        return solve(name, graph, budget_bytes, time_limit=time_limit, **options)
+        plan = solve(name, graph, budget_bytes, time_limit=time_limit, **options)
     except SolverError:
         if skip_inapplicable:
             return None
         raise
+    _remember(graph, name, options, plan)
+    if budget_bytes is not None and plan.peak_bytes > budget_bytes and name in MINIMUM_WHEN_INFEASIBLE:
+        _MINIMUM_KNOWN.add(_smallest_key(graph, name, options))
+    return plan
 
 
+def store_all_plan(graph: Graph) -> Plan:
+    """The store-everything plan of ``graph`` (cached)."""
+    key = _smallest_key(graph, "store_all", {})
+    if key not in _MINIMUM_KNOWN:
+        _SMALLEST[key] = solve("store_all", graph, None)
+        _MINIMUM_KNOWN.add(key)
+    return _SMALLEST[key]
+
+
+def solver_minimum(graph: Graph, name: str, *, time_limit: float | None = None, **options) -> Plan | None:
+    """The plan of smallest peak ``name`` makes on ``graph`` (solved at budget 0 once, then
+    cached; a smaller one seen at another budget wins); None when the solver does not apply."""
+    if name == "store_all":
+        return store_all_plan(graph)
+    key = _smallest_key(graph, name, options)
+    if key not in _MINIMUM_KNOWN:
+        _run(name, graph, 0, time_limit, options, skip_inapplicable=True)
+        _MINIMUM_KNOWN.add(key)
+    return _SMALLEST.get(key)
+
+
+def smallest_plan(graph: Graph, solver: str = "auto", *, time_limit: float | None = None, thorough: bool = True,
+                  **options) -> Plan:
+    """The plan of smallest peak among those ``solver`` may return (``auto``: among every solver
+    it may use). ``thorough=False`` does not run the MILP for its minimum; it counts the MILP's
+    plans seen so far."""
+    if solver != "auto":
+        plan = solver_minimum(graph, solver, time_limit=time_limit, **options)
+        if plan is None:
+            raise SolverError(f"solver {solver!r} does not apply to {graph.name!r}")
+        return plan
+    if time_limit is None:
+        time_limit = AUTO_TIME_LIMIT
+    plans = [store_all_plan(graph)]
+    first = auto_candidates(graph) + ["hierarchical"]
+    for name in auto_solvers(graph):
+        opts = options if name in first else {}
+        if thorough or name in FAST_SOLVERS or _smallest_key(graph, name, opts) in _MINIMUM_KNOWN:
+            plans.append(solver_minimum(graph, name, time_limit=time_limit, **opts))
+        else:
+            plans.append(_SMALLEST.get(_smallest_key(graph, name, opts)))
+    return min((p for p in plans if p is not None), key=lambda p: (p.peak_bytes, p.compute_seconds))
+
+
+def resolve(graph: Graph, budget, solver: str = "auto", *, time_limit: float | None = None, **options) -> int | None:
+    """``budget`` (any form :mod:`remat.budget` accepts, ``"min"`` included) in bytes for ``graph``."""
+    return resolve_budget(
+        budget, store_all_plan(graph).peak_bytes, fixed_bytes(graph),
+        smallest=lambda: smallest_plan(graph, solver, time_limit=time_limit, **options).peak_bytes,
+    )
+
+
+def _fits(plan: Plan | None, budget_bytes) -> bool:
+    return plan is not None and (budget_bytes is None or plan.peak_bytes <= budget_bytes)
+
+
+def _cheapest(plans: list[Plan]) -> Plan:
+    return min(plans, key=lambda p: (p.compute_seconds, p.peak_bytes))
+
+
+def _for_budget(plan: Plan, budget_bytes, **info) -> Plan:
+    """A copy of ``plan`` carrying ``budget_bytes`` (plans are shared by the caches)."""
+    plan = copy.copy(plan)
+    plan.budget_bytes = budget_bytes
+    plan.info = {**plan.info, **info}
+    return plan
+
+
+# ------------------------------------------------------------------------- the planner
 def make_plan(graph: Graph, budget=None, solver: str = "auto", *, time_limit: float | None = None, **options) -> Plan:
     """The plan ``solver`` makes for ``graph`` under ``budget`` (see :mod:`remat.budget`)."""
     start = time.perf_counter()
-    store_all = solve("store_all", graph, None)
-    budget_bytes = resolve_budget(budget, store_all.peak_bytes)
+    if solver != "auto" and solver not in SOLVERS:
+        raise SolverError(f"unknown solver {solver!r}; choose 'auto' or one of {', '.join(sorted(SOLVERS))}")
+    budget_bytes = resolve(graph, budget, solver, time_limit=time_limit, **options)
     key = _cache_key(graph, budget_bytes, solver, options)
     if key in _CACHE:
         return _CACHE[key]
+    fraction = budget if isinstance(budget, float) else None
     if solver == "auto":
-        names = auto_candidates(graph)
-    elif solver in SOLVERS:
-        names = [solver]
+        plan = _auto(graph, budget_bytes, AUTO_TIME_LIMIT if time_limit is None else time_limit, options, fraction)
+        plan.solve_seconds = time.perf_counter() - start
     else:
-        raise SolverError(f"unknown solver {solver!r}; choose 'auto' or one of {', '.join(sorted(SOLVERS))}")
-    if solver == "auto" and (budget_bytes is None or store_all.peak_bytes <= budget_bytes):
-        names = ["store_all"]  # fits: nothing is cheaper than computing everything once
-    if solver == "auto" and time_limit is None:
-        time_limit = AUTO_TIME_LIMIT
-    plans = [
-        store_all if n == "store_all" else _try_solve(n, graph, budget_bytes, time_limit, options, solver == "auto")
-        for n in names
-    ]
-    plans = [p for p in plans if p is not None]
-    if names == ["checkmate"] and solver == "auto":
-        milp = plans[0] if plans else None
-        if milp is None or milp.peak_bytes > budget_bytes or milp.info.get("status") != "optimal":
+        plan = _named(graph, budget_bytes, solver, time_limit, options, fraction)
+    _CACHE[key] = plan
+    return plan
+
+
+def _auto(graph: Graph, budget_bytes, time_limit, options, fraction) -> Plan:
+    store_all = store_all_plan(graph)
+    if _fits(store_all, budget_bytes):  # nothing is cheaper than computing everything once
+        return _for_budget(store_all, budget_bytes, **{"chosen by": "auto among store_all"})
+    names = auto_candidates(graph)
+    plans = [_run(n, graph, budget_bytes, time_limit, options, True) for n in names]
+    if names == ["checkmate"]:
+        milp = plans[0]
+        if not _fits(milp, budget_bytes) or milp.info.get("status") != "optimal":
             names.append("hierarchical")
-            extra = _try_solve("hierarchical", graph, budget_bytes, time_limit, options, True)
-            plans += [extra] if extra is not None else []
-    fitting = [p for p in plans if budget_bytes is None or p.peak_bytes <= budget_bytes]
-    if not fitting:
-        smallest = min(plans, key=lambda p: p.peak_bytes)  # the smallest budget *this* choice meets
-        overall = _smallest_feasible(graph, plans)
-        detail = ", ".join(f"{p.solver} reaches {p.peak_bytes}" for p in plans)
-        if overall.peak_bytes < smallest.peak_bytes:
-            detail += f"; solver {overall.solver!r} would reach {overall.peak_bytes}"
-        raise InfeasibleBudgetError(budget_bytes, smallest.peak_bytes, detail)
-    best = min(fitting, key=lambda p: (p.compute_seconds, p.peak_bytes))
-    best.budget_bytes = budget_bytes
-    if solver == "auto":
-        best.info["chosen by"] = f"auto among {', '.join(names)}"
-        best.solve_seconds = time.perf_counter() - start
-    _CACHE[key] = best
-    return best
+            plans.append(_run("hierarchical", graph, budget_bytes, time_limit, options, True))
+    fitting = [p for p in plans if _fits(p, budget_bytes)]
+    if not fitting:  # the first choices miss: learn the minimum, then fall back to the fast solvers
+        smallest = smallest_plan(graph, "auto", time_limit=time_limit, thorough=False, **options)
+        if smallest.peak_bytes > budget_bytes:
+            raise _infeasible(graph, budget_bytes, smallest, "auto", fraction, options)
+        for name in FAST_SOLVERS:
+            if name not in names:
+                names.append(name)
+                plans.append(_run(name, graph, budget_bytes, time_limit, {}, True))
+        known = _known_plans(graph, ["store_all", *auto_solvers(graph)])
+        fitting = [p for p in plans + known if _fits(p, budget_bytes)]
+    best = _cheapest(fitting)
+    return _for_budget(best, budget_bytes, **{"chosen by": f"auto among {', '.join(names)}"})
 
 
-def _smallest_feasible(graph: Graph, plans: list[Plan]) -> Plan:
-    """The plan with the smallest peak among ``plans`` and the fast solvers' smallest plans."""
-    tried = {p.solver for p in plans}
-    others = [_try_solve(n, graph, 0, AUTO_TIME_LIMIT, {}, True) for n in FAST_SOLVERS if n not in tried]
-    return min(plans + [p for p in others if p is not None], key=lambda p: p.peak_bytes)
+def _named(graph: Graph, budget_bytes, solver: str, time_limit, options, fraction) -> Plan:
+    plan = _run(solver, graph, budget_bytes, time_limit, options, skip_inapplicable=False)
+    if _fits(plan, budget_bytes):
+        return _for_budget(plan, budget_bytes)
+    smallest = solver_minimum(graph, solver, time_limit=time_limit, **options) or plan
+    if _fits(smallest, budget_bytes):  # a heuristic's search at this budget missed a plan it makes at 0
+        return _for_budget(smallest, budget_bytes)
+    raise _infeasible(graph, budget_bytes, smallest, solver, fraction, options)
+
+
+def _known_plans(graph: Graph, names) -> list[Plan]:
+    """The smallest-peak plans remembered for ``graph`` from the solvers ``names``."""
+    n = len(graph.planning_key)
+    return [p for k, p in _SMALLEST.items() if k[:n] == graph.planning_key and k[n] in names]
+
+
+def _infeasible(graph: Graph, budget_bytes: int, smallest: Plan, solver: str, fraction, options) -> InfeasibleBudgetError:
+    store, fixed = store_all_plan(graph).peak_bytes, fixed_bytes(graph)
+    n = len(graph.planning_key)
+    minima: dict[str, int] = {}  # each solver's own minimum, where it is known
+    for k in _MINIMUM_KNOWN:
+        if k[:n] == graph.planning_key:
+            peak = _SMALLEST[k].peak_bytes
+            minima[k[n]] = min(minima.get(k[n], peak), peak)
+    by_peak: dict[int, list[str]] = {}
+    for name, peak in sorted(minima.items()):
+        by_peak.setdefault(peak, []).append(name)
+    detail = "smallest peak per solver: " + "; ".join(f"{b} bytes: {', '.join(n)}" for b, n in sorted(by_peak.items()))
+    if solver != "auto" and min(minima.values(), default=smallest.peak_bytes) < smallest.peak_bytes:
+        detail += "; other solvers go lower: try solver='auto'"
+    detail += f". Every plan holds {fixed} bytes of gradients and outputs; the store-everything peak is {store} bytes"
+    return InfeasibleBudgetError(
+        budget_bytes, smallest.peak_bytes, detail, solver=solver, budget_fraction=fraction,
+        min_budget_fraction=bytes_to_fraction(smallest.peak_bytes, store, fixed),
+    )
+
+
+__all__ = ["make_plan", "resolve", "smallest_plan", "solver_minimum", "store_all_plan", "auto_candidates",
+           "auto_solvers", "clear_caches", "is_min"]
