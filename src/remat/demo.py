@@ -130,7 +130,8 @@ def _print_table(console: Console, model: str, size: str, rows: list[DemoRow], r
     columns = ("budget", "solver", "limit", "predicted", "measured", "time vs eager", "weights vs eager",
                "plan", "re-plan")
     for col in columns:
-        table.add_column(col, justify="left" if col in ("budget", "solver", "weights vs eager") else "right")
+        table.add_column(col, justify="left" if col in ("budget", "solver", "weights vs eager") else "right",
+                         no_wrap=col in ("solver", "limit", "predicted", "measured"))
     for r in rows:
         eager = r.label == "eager PyTorch"
         if eager:
