@@ -62,6 +62,7 @@ from remat.cost import workspace  # noqa: E402
 from remat.errors import InfeasibleBudgetError, SolverError  # noqa: E402
 from remat.measure import peak_memory_growth  # noqa: E402
 from remat.planner import make_plan  # noqa: E402
+from remat.solvers import solve  # noqa: E402
 
 MiB = 2**20
 BIG = dict(n_layer=12, n_embd=768, n_head=12, vocab=50257, positions=1024, batch=4, seq=512)
@@ -114,7 +115,7 @@ def grad_bytes(model: torch.nn.Module) -> int:
 
 def clear_caches() -> None:
     """Plans, decompositions/menus/DP tables, op workspaces and Dynamo's compiled code."""
-    remat.planner._CACHE.clear()
+    remat.planner.clear_caches()
     remat.solvers.rotor._CACHE.clear()
     workspace._CACHE.clear()
     torch._dynamo.reset()
@@ -209,10 +210,13 @@ def planning(cfg: dict, fractions) -> dict:
     one = remat.plan(model, *args, budget=0.5, solver="hierarchical", **kwargs)
     one_s = time.perf_counter() - t0
     log(f"  {one_s:.1f} s; {len(one.graph.nodes)} nodes, {one.info}")
+    # the sweep's budgets are fractions of store_all's whole peak, in bytes (a float budget means a
+    # fraction of the part a plan can change, see remat.budget)
+    store = solve("store_all", one.graph, None).peak_bytes
     clear_caches()
     log(f"section 1: pareto over {len(fractions)} budgets (cold caches, capture included)")
     t0 = time.perf_counter()
-    front = remat.pareto(model, *args, solvers=["hierarchical"], budgets=list(fractions), **kwargs)
+    front = remat.pareto(model, *args, solvers=["hierarchical"], budgets=[int(f * store) for f in fractions], **kwargs)
     sweep_s = time.perf_counter() - t0
     log(f"  {sweep_s:.1f} s")
     graph = next(p for p in front["hierarchical"] if p is not None).graph

@@ -1,5 +1,7 @@
 """The public API: budgets, solver choice, the torch.compile backend, and the errors users see."""
 
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -21,14 +23,15 @@ def test_parse_size():
 
 
 def test_budget_types_decide_units():
-    assert resolve_budget(1, 1000) == 1  # an int is bytes: one byte
-    assert resolve_budget(1.0, 1000) == 1000  # a float is a fraction of store_all's peak
-    assert resolve_budget(0.25, 1000) == 250
-    assert resolve_budget("2KiB", 1000) == 2048
-    assert resolve_budget(None, 1000) is None
+    # store-everything peak 1000, of which 200 no plan changes (see test_budget.py)
+    assert resolve_budget(1, 1000, 200) == 1  # an int is bytes: one byte
+    assert resolve_budget(1.0, 1000, 200) == 1000  # a float is a fraction of what a plan can change
+    assert resolve_budget(0.25, 1000, 200) == 400
+    assert resolve_budget("2KiB", 1000, 200) == 2048
+    assert resolve_budget(None, 1000, 200) is None
     for bad in (1.5, 0.0, -3, True, [1]):
         with pytest.raises(BudgetError):
-            resolve_budget(bad, 1000)
+            resolve_budget(bad, 1000, 200)
 
 
 def test_auto_picks_cheapest_plan_that_fits():
@@ -42,17 +45,24 @@ def test_auto_picks_cheapest_plan_that_fits():
     assert between.compute_seconds <= chen.compute_seconds + 1e-12
 
 
+@pytest.mark.filterwarnings("ignore::remat.errors.SolverTimeLimitWarning")  # the MILP stops at 1 s
 def test_infeasible_budget_names_the_minimum():
     ex = zoo.build("cnn_bn", size="tiny")
     with pytest.raises(remat.InfeasibleBudgetError) as info:
-        remat.optimize(ex.model, *ex.args, budget=1)
+        remat.optimize(ex.model, *ex.args, budget=1, time_limit=1)
     err = info.value
     assert err.budget_bytes == 1
     assert err.min_budget_bytes > 1
+    assert 0 < err.min_budget_fraction <= 1
     assert str(err.min_budget_bytes) in str(err) and "Raise the budget" in str(err)
-    # the minimum it names is feasible
-    module = remat.optimize(ex.model, *ex.args, budget=err.min_budget_bytes)
+    assert f"{err.min_budget_fraction:.4f}" in str(err) and "budget='min'" in str(err)
+    # the minimum it names is feasible, in bytes, as a fraction, and as "min"
+    module = remat.optimize(ex.model, *ex.args, budget=err.min_budget_bytes, time_limit=1)
     assert module.plan.peak_bytes <= err.min_budget_bytes
+    module = remat.optimize(ex.model, *ex.args, budget=err.min_budget_fraction, time_limit=1)
+    assert module.plan.peak_bytes <= module.plan.budget_bytes
+    smallest = remat.optimize(ex.model, *ex.args, budget="min", time_limit=1)
+    assert smallest.plan.peak_bytes <= smallest.plan.budget_bytes <= err.min_budget_bytes
 
 
 class Branchy(nn.Module):
@@ -67,11 +77,64 @@ class Branchy(nn.Module):
         return h.sum()
 
 
-def test_capture_error_names_the_graph_break():
+class TensorIf(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.lin(x)
+        if h.sum() > 0:  # a Python branch on a tensor's value
+            h = h * 2
+        return h.sum()
+
+
+@pytest.mark.parametrize("model, source", [(Branchy, "if h.sum().item() > 0:"), (TensorIf, "if h.sum() > 0:")])
+def test_capture_error_names_the_users_file_line_and_source(model, source):
     with pytest.raises(remat.CaptureError) as info:
-        remat.optimize(Branchy(), torch.randn(4, 8))
-    msg = str(info.value)
-    assert "one graph" in msg and "h.sum().item() > 0" in msg
+        remat.optimize(model(), torch.randn(4, 8))
+    err, msg = info.value, str(info.value)
+    lineno = next(i for i, text in enumerate(open(__file__), 1) if text.strip().startswith(source))
+    assert (err.filename, err.lineno) == (__file__, lineno) and err.line.startswith(source)
+    assert "one graph" in msg and f"{__file__}, line {lineno}: `{source}" in msg
+    assert "torch.where" in msg  # what to do
+
+
+def test_remat_errors_through_torch_compile_are_remats_own():
+    ex = zoo.build("mlp", size="tiny")
+    compiled = torch.compile(ex.model, backend="remat", options={"budget": 10})
+    with pytest.raises(remat.InfeasibleBudgetError) as info:
+        ex.loss(compiled(*ex.args, **ex.kwargs)).backward()
+    err = info.value
+    assert not isinstance(err, torch._dynamo.exc.BackendCompilerFailed)
+    assert type(err).__name__ == "InfeasibleBudgetError" and type(err).__module__ == "remat.errors"
+    assert str(err).startswith("no plan fits a budget of 10 B") and "TORCHDYNAMO" not in str(err)
+    assert err.budget_bytes == 10 and err.min_budget_bytes > 10
+
+
+def test_eval_mode_warns_that_the_eval_step_is_planned():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 1)).eval()
+    x = torch.randn(4, 8)
+    with pytest.warns(remat.NotTrainingWarning, match="eval mode.*model.train()") as record:
+        remat.optimize(model, x)
+    assert record[0].filename == __file__  # points at the user's call
+    with pytest.warns(remat.NotTrainingWarning, match="eval mode"):
+        remat.plan(model, x)
+    model.train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", remat.NotTrainingWarning)
+        remat.optimize(model, x)
+
+
+def test_optimize_without_gradients_warns_and_still_plans_the_training_step():
+    model, x = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1)), torch.randn(4, 8)
+    for context in (torch.no_grad, torch.inference_mode):
+        with context(), pytest.warns(remat.NotTrainingWarning, match="gradients disabled"):
+            module = remat.optimize(model, x)
+        assert module.plan is not None and module.plan.graph.backward_nodes
+    with torch.no_grad(), warnings.catch_warnings():  # plan() runs nothing: planning without gradients is fine
+        warnings.simplefilter("error", remat.NotTrainingWarning)
+        assert remat.plan(model, x).graph.backward_nodes
 
 
 def test_unknown_solver_is_a_clear_error():

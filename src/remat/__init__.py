@@ -10,6 +10,7 @@ from . import backend as _backend  # noqa: F401  (registers the "remat" torch.co
 from .batch import BatchTry, MaxBatchResult, max_batch_size
 from .api import ParetoFront, RematModule, capture_and_plan, optimize, pareto, plan
 from .errors import CaptureError, InfeasibleBudgetError, InvalidPlanError, RematError, SolverError, SolverTimeLimitWarning
+from .errors import NotTrainingWarning
 from .graph import Graph
 from .measure import StepMeasurement, measure_step
 from .plan import Plan, simulate
@@ -37,5 +38,6 @@ __all__ = [
     "InvalidPlanError",
     "SolverError",
     "SolverTimeLimitWarning",
+    "NotTrainingWarning",
 ]
 __version__ = "0.1.0"

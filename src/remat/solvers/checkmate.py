@@ -31,7 +31,7 @@ from ..errors import SolverError, SolverTimeLimitWarning
 from ..graph import Graph
 from ..plan import Plan
 from . import SOLVERS, register
-from .checkmate_model import Formulation, build, decode, schedule_from_R, solution_vector, to_highs
+from .checkmate_model import Formulation, build, decode, schedule_from_R, solution_vector, to_highs, value_roles
 
 DEFAULT_TIME_LIMIT = 120.0
 WARM_START_SOLVERS = ("store_all", "chen_greedy", "chen_greedy_ap", "chen_sqrt", "chen_sqrt_ap", "revolve", "checkpoint_all")
@@ -122,12 +122,16 @@ def solve_milp(
     threads: int | None = None,
     save_budget_bytes: int | None = None,
     quiet: bool = False,
+    warm_plans=(),
+    baselines: bool = True,
 ) -> Plan:
     """The optimal (within ``gap``) frontier-advancing plan of ``graph`` under ``budget_bytes``;
     ``budget_bytes=None``: the plan of smallest peak. ``save_budget_bytes`` also bounds the bytes
     the forward keeps for the backward (see :func:`~remat.solvers.checkmate_model.build`); with it,
     an infeasible model raises :class:`SolverError` instead of looking for the smallest peak.
-    ``quiet``: no warning at the time limit (the plan's ``info`` still says so)."""
+    ``quiet``: no warning at the time limit (the plan's ``info`` still says so). ``warm_plans``: more
+    plans of ``graph`` to warm-start from (the cheapest that fits both budgets is used); ``baselines=False``:
+    only those (a caller solving many budgets passes the baselines' plans once)."""
     import highspy
 
     start = time.perf_counter()
@@ -139,9 +143,11 @@ def solve_milp(
         if budget_bytes is None:  # smallest peak: start from the baseline plan of smallest peak
             candidates = sorted(_baselines(graph, 0), key=lambda p: (p.peak_bytes, p.compute_seconds))
         else:
-            plans = _baselines(graph, budget_bytes)
-            if save_budget_bytes is not None:
-                plans = [p for p in plans if p.saved_bytes <= save_budget_bytes]
+            plans = (_baselines(graph, budget_bytes) if baselines else []) + list(warm_plans)
+            if save_budget_bytes is not None:  # the save budget counts droppable values only
+                variable, _ = value_roles(graph)
+                plans = [p for p in plans
+                         if sum(graph.values[v].bytes for v in p.saved_values if v in variable) <= save_budget_bytes]
             if lp_warm_start and save_budget_bytes is None:  # LP rounding often lands far closer to the optimum than any baseline
                 try:
                     plans.append(
@@ -164,7 +170,7 @@ def solve_milp(
                 info["warm start"] = f"{p.solver} ({p.overhead * 100:+.1f}%)"
                 break
     limit = time_limit if time_limit is not None else DEFAULT_TIME_LIMIT
-    status, hinfo = _solve(h, max(1.0, limit - (time.perf_counter() - start)), gap, threads)
+    status, hinfo = _solve(h, max(min(1.0, limit), limit - (time.perf_counter() - start)), gap, threads)
     info["setup seconds"] = round(time.perf_counter() - start - h.getRunTime(), 3)
     info["solve seconds"] = round(h.getRunTime(), 3)
     status_name = h.modelStatusToString(status)
