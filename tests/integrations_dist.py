@@ -19,6 +19,7 @@ import traceback
 import torch
 import torch.nn as nn
 
+T0 = time.perf_counter()  # when this module was imported (in a rank: soon after it started)
 WORLD = 2
 BATCH = 64  # whole batch; each rank takes BATCH // WORLD rows
 STEPS = 2
@@ -98,13 +99,18 @@ def _plan_record(plan) -> dict:
     return {"recomputations": plan.recomputations, "peak": plan.peak_bytes, "budget": plan.budget_bytes}
 
 
+_BUDGETS: dict = {}
+
+
 def _between_budget(model, x) -> int:
-    """A budget halfway between keeping nothing and keeping everything: the plan must recompute."""
+    """A budget halfway between keeping nothing and keeping everything: the plan must recompute.
+    (Computed once per rank: every scenario that uses it plans the same model and input shape.)"""
     import remat
 
-    high = remat.plan(model, x, solver="store_all").peak_bytes
-    low = remat.plan(model, x, solver="checkpoint_all").peak_bytes
-    return (high + low) // 2
+    if "between" not in _BUDGETS:
+        front = remat.pareto(model, x, solvers=["checkpoint_all"], budgets=[1.0])  # one capture
+        _BUDGETS["between"] = (front.store_all_peak + front["checkpoint_all"][0].peak_bytes) // 2
+    return _BUDGETS["between"]
 
 
 def ddp_of_optimized(x, y):
@@ -218,6 +224,8 @@ def rank_main(rank: int, port: int, out_dir: str, names: list[str]) -> None:
     """One rank: join the group on 127.0.0.1, run the scenarios, save what each gave."""
     import torch.distributed as dist
 
+    import remat  # noqa: F401  (imported here, so that the setup time below includes it)
+
     torch.set_num_threads(1)
     lo = _loopback_interface()
     if lo is not None:
@@ -226,16 +234,18 @@ def rank_main(rank: int, port: int, out_dir: str, names: list[str]) -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
         timeout=datetime.timedelta(seconds=60),
     )
+    results = {"_setup_seconds": time.perf_counter() - T0}
     x, y = batch()
     xs, ys = x.chunk(WORLD)[rank], y.chunk(WORLD)[rank]
-    results = {}
     for name in names:
+        start = time.perf_counter()
         try:
             results[name] = SCENARIOS[name](xs, ys)
         except Exception as err:  # reported per scenario by the test
             results[name] = {"error": type(err).__name__, "message": str(err), "traceback": traceback.format_exc()}
         torch._dynamo.reset()
         dist.barrier()
+        results[name]["seconds"] = time.perf_counter() - start
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
