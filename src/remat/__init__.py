@@ -7,10 +7,11 @@
 """
 
 from . import backend as _backend  # noqa: F401  (registers the "remat" torch.compile backend)
+from . import integrations as _integrations
 from .batch import BatchTry, MaxBatchResult, max_batch_size
 from .api import ParetoFront, RematModule, capture_and_plan, optimize, pareto, plan
 from .errors import CaptureError, InfeasibleBudgetError, InvalidPlanError, RematError, SolverError, SolverTimeLimitWarning
-from .errors import NotTrainingWarning
+from .errors import NotTrainingWarning, UnsupportedWrappingError
 from .graph import Graph
 from .measure import StepMeasurement, measure_step
 from .plan import Plan, simulate
@@ -39,5 +40,8 @@ __all__ = [
     "SolverError",
     "SolverTimeLimitWarning",
     "NotTrainingWarning",
+    "UnsupportedWrappingError",
 ]
+
+_integrations.register_accelerate_backend()  # lets the Hugging Face Trainer pass backend="remat" on
 __version__ = "0.1.0"

@@ -27,6 +27,7 @@ import torch.nn as nn
 from .backend import remat_backend
 from .capture import Capture
 from .errors import CaptureError, InfeasibleBudgetError, NotTrainingWarning, RematError, SolverError
+from .integrations import check_unwrapped
 from .plan import Plan
 from .solvers import available as available_solvers
 
@@ -174,6 +175,7 @@ class RematModule(nn.Module):
     """
 
     def __init__(self, model: nn.Module, options: dict):
+        check_unwrapped(model)
         super().__init__()
         object.__setattr__(self, "_remat_original", model)
         object.__setattr__(self, "_modules", model._modules)
@@ -212,6 +214,8 @@ class RematModule(nn.Module):
                     return self._remat_compiled(*args, **kwargs)
         except Exception as err:  # surface remat's own errors, not Dynamo's wrapper
             inner = _unwrap_compile_error(err)
+            if isinstance(inner, CaptureError):
+                check_unwrapped(self._remat_original)  # wrapped by DDP/FSDP after optimize: say so
             if inner is err:
                 raise
             raise inner from err
@@ -312,6 +316,7 @@ def plan(
 def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_model="flops", workspace="measure",
                      time_limit=None, solver_options=None, cache=True, **example_kwargs) -> tuple[Plan, Capture]:
     """Like :func:`plan`, also returning the :class:`~remat.capture.Capture`."""
+    check_unwrapped(model)
     result: list = []
 
     def stop(plan: Plan, capture: Capture):

@@ -12,13 +12,15 @@ last use. This module is remat's only contact with AOTAutograd's private APIs.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 from torch._dynamo import register_backend
-from torch._functorch.aot_autograd import aot_module_simplified
+from torch._dynamo.backends.common import aot_autograd
 
+from .budget import BudgetError, parse_size
 from .capture import capture_joint
 from .cost import make_cost_fn, make_workspace_fn
 from .errors import RematError, through_dynamo
@@ -29,8 +31,23 @@ from .runtime import boxed
 OPTION_NAMES = ("budget", "solver", "cost_model", "workspace", "time_limit", "solver_options", "on_plan", "cache")
 
 
+BUDGET_ENV = "REMAT_BUDGET"
+SOLVER_ENV = "REMAT_SOLVER"
+
+
 @dataclass
 class BackendOptions:
+    """The backend's options, from ``torch.compile(..., options={...})`` and the environment.
+
+    When ``options`` has no ``budget``, the budget is read from the environment variable
+    ``REMAT_BUDGET`` (and the solver from ``REMAT_SOLVER`` when it has no ``solver``), so that
+    code which calls ``torch.compile(model, backend="remat")`` itself, such as the Hugging Face
+    ``Trainer``, can be given a budget. Options passed explicitly always win. The variable is
+    written as on the command line: ``"0.5"`` (a bare number is a fraction in (0, 1]), ``"min"``,
+    or a size with a unit (``"2GiB"``, ``"800MB"``). Each graph Dynamo hands the backend is
+    planned on its own, so a fraction applies to each graph's own peak and a size to each graph.
+    """
+
     budget: Any = None
     solver: str = "auto"
     cost_model: Any = "flops"
@@ -41,12 +58,45 @@ class BackendOptions:
     cache: bool = True  # read and fill the on-disk plan cache (remat.cache)
 
     @classmethod
-    def from_dict(cls, options: dict | None) -> "BackendOptions":
+    def from_dict(cls, options: dict | None, environ: Mapping[str, str] | None = None) -> "BackendOptions":
         options = dict(options or {})
         unknown = set(options) - set(OPTION_NAMES)
         if unknown:
             raise TypeError(f"unknown remat backend option(s) {sorted(unknown)}; known: {', '.join(OPTION_NAMES)}")
+        environ = os.environ if environ is None else environ
+        if "budget" not in options and environ.get(BUDGET_ENV, "").strip():
+            options["budget"] = budget_from_text(environ[BUDGET_ENV], source=f"the environment variable {BUDGET_ENV}")
+        if "solver" not in options and environ.get(SOLVER_ENV, "").strip():
+            options["solver"] = environ[SOLVER_ENV].strip()
         return cls(**options)
+
+
+def budget_from_text(text: str, *, source: str = "the budget"):
+    """A budget written as text, as the API takes it: ``"0.5"`` -> 0.5 (a fraction),
+    ``"min"`` -> ``"min"``, ``"2GiB"`` -> ``"2GiB"`` (checked). A bare number must be a
+    fraction in (0, 1]: bytes take a unit. Anything else is a :class:`BudgetError` naming ``source``."""
+    value = text.strip()
+    if value.lower() == "min":
+        return "min"
+    try:
+        number = float(value)
+    except ValueError:
+        number = None
+    if number is not None:
+        if 0.0 < number <= 1.0:
+            return number
+        raise BudgetError(
+            f"{source} is {text!r}: a bare number is a fraction budget and must be "
+            "in (0, 1]; write bytes with a unit ('2GiB', '800MB'), or 'min' for the smallest feasible budget"
+        )
+    try:
+        parse_size(value)
+    except BudgetError:
+        raise BudgetError(
+            f"{source} is {text!r}, which is not a budget: write a fraction in (0, 1] ('0.5'), "
+            "a size with a unit ('2GiB', '800MB'), or 'min' for the smallest feasible budget"
+        ) from None
+    return value
 
 
 def _compile_boxed(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphModule:
@@ -84,18 +134,16 @@ def _device_of(joint: torch.fx.GraphModule) -> torch.device:
 def remat_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
     """Dynamo backend entry point (``options`` comes from ``torch.compile(..., options=...)``)."""
     opts = BackendOptions.from_dict({**(options or {}), **kwargs})
+    # Dynamo's own AOTAutograd wrapper, not aot_module_simplified directly: it keeps Dynamo from
+    # tracing the compiled graphs and counts the call, which DDPOptimizer (torch.compile of a DDP
+    # module) reads to know that the first call of each piece returns fake tensors.
+    compiler = aot_autograd(fw_compiler=_compile_boxed, bw_compiler=_compile_boxed, partition_fn=make_partition_fn(opts))
     try:
-        return aot_module_simplified(
-            gm,
-            example_inputs,
-            fw_compiler=_compile_boxed,
-            bw_compiler=_compile_boxed,
-            partition_fn=make_partition_fn(opts),
-        )
+        return compiler(gm, example_inputs)
     except RematError as err:  # reach the user as remat's error, not as Dynamo's BackendCompilerFailed
         raise through_dynamo(err) from err.__cause__
 
 
 register_backend(remat_backend, name="remat")
 
-__all__ = ["remat_backend", "BackendOptions"]
+__all__ = ["remat_backend", "BackendOptions", "budget_from_text", "BUDGET_ENV", "SOLVER_ENV"]

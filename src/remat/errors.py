@@ -60,6 +60,11 @@ class SolverError(RematError):
     """A solver was misused (unknown name, a graph it does not handle)."""
 
 
+class UnsupportedWrappingError(RematError):
+    """remat was given a module wrapped by DDP or FSDP (or with sharded parameters); the message
+    says which order of wrapping works."""
+
+
 def format_bytes(n: float) -> str:
     """``format_bytes(3 * 2**20) == '3.00 MiB'``."""
     n = float(n)

@@ -1,0 +1,104 @@
+"""remat inside the training stacks people already use.
+
+* **Hugging Face Trainer / accelerate.** ``TrainingArguments(torch_compile_backend="remat")``
+  reaches ``torch.compile`` through accelerate's ``TorchDynamoPlugin``, which accepts only the
+  backend names of its ``DynamoBackend`` enum. :func:`register_accelerate_backend` adds
+  ``"REMAT"`` to that enum (it is called when ``remat`` is imported, if accelerate is installed),
+  so the plugin passes ``backend="remat"`` on to ``torch.compile``; the budget then comes from
+  the ``REMAT_BUDGET`` environment variable (see :class:`remat.backend.BackendOptions`).
+* **DDP and FSDP2.** remat plans a module whose parameters are plain tensors. Wrapping the
+  *result* of :func:`remat.optimize` in ``DistributedDataParallel`` or ``fully_shard`` works;
+  handing remat a module already wrapped by them (or sharding the original model after
+  ``optimize``) cannot, because Dynamo cannot trace their hooks as one graph and sharded
+  parameters are DTensors. :func:`check_unwrapped` detects those cases and raises
+  :class:`~remat.errors.UnsupportedWrappingError`, which says which order works.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import torch.nn as nn
+
+from .errors import UnsupportedWrappingError
+
+ACCELERATE_NAME = "REMAT"
+
+
+def register_accelerate_backend() -> bool:
+    """Make accelerate's ``DynamoBackend("REMAT")`` valid; True when accelerate is installed.
+
+    accelerate validates ``TorchDynamoPlugin(backend=...)`` against a closed enum and then
+    calls ``torch.compile(model, backend=plugin.backend.value.lower())``. Adding a member
+    whose value is ``"REMAT"`` is all it needs. Idempotent; never raises (an accelerate whose
+    enum cannot be extended is left as it is, and Trainer then reports the unknown backend).
+    """
+    if importlib.util.find_spec("accelerate") is None:
+        return False
+    try:
+        from accelerate.utils.dataclasses import DynamoBackend
+    except Exception:  # a broken accelerate install must not break `import remat`
+        return False
+    if ACCELERATE_NAME in DynamoBackend._value2member_map_:
+        return True
+    try:
+        member = str.__new__(DynamoBackend, ACCELERATE_NAME)
+        member._name_ = ACCELERATE_NAME
+        member._value_ = ACCELERATE_NAME
+        DynamoBackend._member_map_[ACCELERATE_NAME] = member
+        DynamoBackend._value2member_map_[ACCELERATE_NAME] = member
+        DynamoBackend._member_names_.append(ACCELERATE_NAME)
+    except Exception:
+        return False
+    return True
+
+
+def _loaded_classes(module_name: str, *names: str) -> tuple[type, ...]:
+    """The classes ``names`` of ``module_name`` if that module is already imported.
+
+    A model cannot be wrapped by a class whose module was never imported, so nothing is
+    imported here: the check costs nothing for users of neither DDP nor FSDP.
+    """
+    module = sys.modules.get(module_name)
+    return tuple(getattr(module, n) for n in names if module is not None and hasattr(module, n))
+
+
+_ORDER_ADVICE = (
+    "Plan first, then wrap: `DistributedDataParallel(remat.optimize(model, x, budget=...))` or "
+    "`fully_shard(remat.optimize(model, x, budget=...))` (one FSDP unit around the planned module); "
+    "to shard block by block, call `fully_shard` on each block and on the model and then "
+    "`block.compile(backend=\"remat\", options={...})` on each block (see docs/integrations.md)."
+)
+
+
+def check_unwrapped(model: nn.Module) -> None:
+    """Raise :class:`UnsupportedWrappingError` if ``model`` is wrapped by DDP or FSDP, or holds
+    FSDP-sharded (DTensor) parameters: remat cannot capture such a module as one graph."""
+    ddp = _loaded_classes("torch.nn.parallel.distributed", "DistributedDataParallel")
+    if ddp and isinstance(model, ddp):
+        raise UnsupportedWrappingError(
+            "remat.optimize was given a DistributedDataParallel module: DDP's forward cannot be captured "
+            "as one graph and its gradient hooks must see remat's backward. " + _ORDER_ADVICE
+        )
+    fsdp = _loaded_classes("torch.distributed.fsdp", "FSDPModule", "FullyShardedDataParallel")
+    if fsdp:
+        for name, sub in model.named_modules():
+            if isinstance(sub, fsdp):
+                where = f"its submodule {name!r}" if name else "the model"
+                raise UnsupportedWrappingError(
+                    f"remat cannot plan a model sharded by FSDP ({where} is a {type(sub).__name__}): FSDP's "
+                    "pre/post-forward hooks swap sharded and unsharded parameters, which Dynamo cannot capture "
+                    "in remat's one graph. " + _ORDER_ADVICE
+                )
+    dtensor = _loaded_classes("torch.distributed.tensor", "DTensor")
+    if dtensor:
+        for name, p in model.named_parameters():
+            if isinstance(p, dtensor):
+                raise UnsupportedWrappingError(
+                    f"remat cannot plan a model with DTensor (sharded) parameters ({name!r}); remat plans "
+                    "modules whose parameters are plain tensors. " + _ORDER_ADVICE
+                )
+
+
+__all__ = ["register_accelerate_backend", "check_unwrapped", "UnsupportedWrappingError"]
