@@ -32,7 +32,7 @@ smoke test on tiny models that writes nothing).
 
 Peak: growth of memory held by torch's CPU allocator during one forward+backward over what was
 live at its start, with ``.grad`` set to None beforehand (``remat.measure.peak_memory_growth``,
-allocator method; DESIGN.md "Budget"), measured in a separate untimed run.
+allocator method; docs/design.md "The budget"), measured in a separate untimed run.
 """
 
 from __future__ import annotations

@@ -159,10 +159,10 @@ def test_bad_arguments_are_one_line(argv, status, says, capsys):
 
 @pytest.mark.parametrize("content, says", [
     (None, "cannot read the plan file"),
-    ("{not json", "not JSON"),
-    ('{"format": 1}', "not a valid remat plan"),
-    ("[1, 2]", "not a valid remat plan"),
-    ('{"format": 7}', "not a usable remat plan"),
+    ("{not json", "invalid JSON"),
+    ('{"format": 1}', "holds no graph"),
+    ("[1, 2]", "not a remat plan"),
+    ('{"format": 7}', "not a remat plan"),
 ])
 def test_bad_plan_file_is_one_line(content, says, tmp_path, capsys):
     path = tmp_path / "plan.json"

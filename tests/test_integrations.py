@@ -65,7 +65,7 @@ def test_compile_backend_trains_like_eager():
 
 
 # --------------------------------------------------------------------------- REMAT_BUDGET, REMAT_SOLVER
-@pytest.mark.parametrize("text, budget", [("0.5", 0.5), ("1", 1.0), (" min ", "min"), ("2GiB", "2GiB"), ("800 MB", "800 MB")])
+@pytest.mark.parametrize("text, budget", [("0.5", 0.5), ("1", 1.0), (" min ", "min"), ("2GiB", 2 * 2**30), ("800 MB", 800 * 10**6)])
 def test_budget_from_the_environment(text, budget):
     assert BackendOptions.from_dict({}, {"REMAT_BUDGET": text}).budget == budget
 
@@ -79,12 +79,12 @@ def test_explicit_options_win_over_the_environment():
     assert BackendOptions.from_dict({}, {"REMAT_BUDGET": "  "}).budget is None  # empty: unset
 
 
-@pytest.mark.parametrize("text, phrase", [("3", "must be in (0, 1]"), ("0", "must be in (0, 1]"),
-                                          ("lots", "not a budget"), ("2 parsecs", "not a budget")])
+@pytest.mark.parametrize("text, phrase", [("3", "has no unit"), ("0", "must be positive"),
+                                          ("lots", "cannot read"), ("2 parsecs", "cannot read")])
 def test_invalid_environment_budget_names_the_variable(text, phrase):
     with pytest.raises(BudgetError) as info:
         BackendOptions.from_dict({}, {"REMAT_BUDGET": text})
-    assert "REMAT_BUDGET" in str(info.value) and phrase in str(info.value) and "'2GiB'" in str(info.value)
+    assert "REMAT_BUDGET" in str(info.value) and phrase in str(info.value) and "GiB" in str(info.value)
     assert isinstance(info.value, remat.RematError)
 
 

@@ -368,6 +368,12 @@ class ParetoFront(dict):
             rows.append(f"{b / 2**20:8.1f} MiB" + "".join(cells))
         return "\n".join(rows)
 
+    def plot(self, path=None, **kwargs):
+        """Overhead against budget, one line per solver (:func:`remat.viz.plot_pareto`)."""
+        from .viz import plot_pareto
+
+        return plot_pareto(self, path, **kwargs)
+
 
 def pareto(model, *example_args, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT_PARETO_BUDGETS,
            cost_model: Any = "flops", workspace: str = "measure", time_limit: float | None = None,
@@ -380,19 +386,28 @@ def pareto(model, *example_args, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT
     decomposition, block menus and DP tables across budgets, so each further budget costs only
     the DP; the other solvers plan each budget from scratch.
     """
-    from .budget import fixed_bytes
-    from .cache import plan_with_cache
-    from .planner import resolve
-
     for name in solvers:
         if name != "auto" and name not in available_solvers():
             raise SolverError(f"unknown solver {name!r}; choose 'auto' or one of {', '.join(available_solvers())}")
     base, _ = capture_and_plan(model, *example_args, solver="store_all", cost_model=cost_model,
                                workspace=workspace, cache=cache, **example_kwargs)
-    graph = base.graph
+    return pareto_of_graph(base.graph, solvers=solvers, budgets=budgets, cost_model=cost_model,
+                           time_limit=time_limit, cache=cache)
+
+
+def pareto_of_graph(graph, *, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT_PARETO_BUDGETS,
+                    cost_model: Any = "flops", time_limit: float | None = None, cache: bool = True,
+                    on_plan=None) -> ParetoFront:
+    """:func:`pareto` on a captured :class:`~remat.graph.Graph`; ``on_plan(solver, budget_bytes, plan_or_None)``
+    is called after each cell (the CLI's progress bar)."""
+    from .budget import fixed_bytes
+    from .cache import plan_with_cache
+    from .planner import resolve, store_all_plan
+
     budget_bytes = [resolve(graph, b, time_limit=time_limit) for b in budgets]  # "min": auto's smallest
     front = ParetoFront()
-    front.budgets, front.store_all_peak, front.fixed_bytes = budget_bytes, base.peak_bytes, fixed_bytes(graph)
+    front.budgets, front.fixed_bytes = budget_bytes, fixed_bytes(graph)
+    front.store_all_peak = store_all_plan(graph).peak_bytes
     for name in solvers:
         plans = []
         for b in budget_bytes:
@@ -400,6 +415,9 @@ def pareto(model, *example_args, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT
                 plan = plan_with_cache(graph, b, name, time_limit=time_limit, cost_model=cost_model, cache=cache)
             except (InfeasibleBudgetError, SolverError):
                 plan = None
-            plans.append(plan if plan is not None and (b is None or plan.peak_bytes <= b) else None)
+            plan = plan if plan is not None and (b is None or plan.peak_bytes <= b) else None
+            plans.append(plan)
+            if on_plan is not None:
+                on_plan(name, b, plan)
         front[name] = plans
     return front

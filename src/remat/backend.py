@@ -20,7 +20,7 @@ import torch
 from torch._dynamo import register_backend
 from torch._dynamo.backends.common import aot_autograd
 
-from .budget import BudgetError, parse_size
+from .budget import parse_budget_text
 from .capture import capture_joint
 from .cost import make_cost_fn, make_workspace_fn
 from .errors import RematError, through_dynamo
@@ -65,38 +65,10 @@ class BackendOptions:
             raise TypeError(f"unknown remat backend option(s) {sorted(unknown)}; known: {', '.join(OPTION_NAMES)}")
         environ = os.environ if environ is None else environ
         if "budget" not in options and environ.get(BUDGET_ENV, "").strip():
-            options["budget"] = budget_from_text(environ[BUDGET_ENV], source=f"the environment variable {BUDGET_ENV}")
+            options["budget"] = parse_budget_text(environ[BUDGET_ENV], source=f"the environment variable {BUDGET_ENV}")
         if "solver" not in options and environ.get(SOLVER_ENV, "").strip():
             options["solver"] = environ[SOLVER_ENV].strip()
         return cls(**options)
-
-
-def budget_from_text(text: str, *, source: str = "the budget"):
-    """A budget written as text, as the API takes it: ``"0.5"`` -> 0.5 (a fraction),
-    ``"min"`` -> ``"min"``, ``"2GiB"`` -> ``"2GiB"`` (checked). A bare number must be a
-    fraction in (0, 1]: bytes take a unit. Anything else is a :class:`BudgetError` naming ``source``."""
-    value = text.strip()
-    if value.lower() == "min":
-        return "min"
-    try:
-        number = float(value)
-    except ValueError:
-        number = None
-    if number is not None:
-        if 0.0 < number <= 1.0:
-            return number
-        raise BudgetError(
-            f"{source} is {text!r}: a bare number is a fraction budget and must be "
-            "in (0, 1]; write bytes with a unit ('2GiB', '800MB'), or 'min' for the smallest feasible budget"
-        )
-    try:
-        parse_size(value)
-    except BudgetError:
-        raise BudgetError(
-            f"{source} is {text!r}, which is not a budget: write a fraction in (0, 1] ('0.5'), "
-            "a size with a unit ('2GiB', '800MB'), or 'min' for the smallest feasible budget"
-        ) from None
-    return value
 
 
 def _compile_boxed(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphModule:
@@ -146,4 +118,4 @@ def remat_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None
 
 register_backend(remat_backend, name="remat")
 
-__all__ = ["remat_backend", "BackendOptions", "budget_from_text", "BUDGET_ENV", "SOLVER_ENV"]
+__all__ = ["remat_backend", "BackendOptions", "BUDGET_ENV", "SOLVER_ENV"]

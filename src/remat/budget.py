@@ -72,6 +72,36 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def parse_budget_text(text: str, *, source: str = "the budget"):
+    """A budget written as text (command line, environment) as the API takes it:
+    ``"0.5"`` -> 0.5 (a fraction), ``"min"`` -> ``"min"``, ``"2GiB"`` -> 2147483648 (bytes).
+
+    A bare number must be a fraction in (0, 1]: ``"1"`` is all of the store-everything peak,
+    never one byte; bytes take a unit. Anything else is a :class:`BudgetError` naming ``source``.
+    """
+    value = text.strip()
+    if value.lower() == MIN:
+        return MIN
+    try:
+        number = float(value)
+    except ValueError:
+        try:
+            return parse_size(value)
+        except BudgetError:
+            raise BudgetError(
+                f"cannot read {source} {text!r}: write a fraction in (0, 1] (0.5), a size with a unit "
+                "(2GiB, 800MB, 123B), or 'min' for the smallest feasible budget"
+            ) from None
+    if 0.0 < number <= 1.0:
+        return number
+    if number > 1.0:
+        raise BudgetError(
+            f"{source} {text!r} has no unit: a bare number is a fraction in (0, 1]; for bytes add a unit, "
+            f"e.g. {value}B, {value}MiB or {value}GiB"
+        )
+    raise BudgetError(f"{source} {text!r} must be positive: a fraction in (0, 1], 'min', or a size with a unit (2GiB)")
+
+
 def is_min(budget) -> bool:
     """Whether ``budget`` asks for the smallest feasible budget (``"min"``, any case)."""
     return isinstance(budget, str) and budget.strip().lower() == MIN

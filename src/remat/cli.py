@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import importlib
 import inspect
-import json
 import math
 import os
 import statistics
@@ -58,34 +57,16 @@ class CliError(Exception):
 
 
 def parse_budget(text: str):
-    """``--budget``: ``none``/``all`` -> None, ``min`` -> "min", ``0.5`` -> 0.5, ``2GiB`` -> bytes.
+    """``--budget``: ``none``/``all`` -> None, else :func:`remat.budget.parse_budget_text`
+    (``min``, a fraction in (0, 1], or a size with a unit)."""
+    from .budget import BudgetError, parse_budget_text
 
-    A bare number must be a fraction in (0, 1]: ``--budget 1`` is all of the store-everything
-    budget, never one byte. Bytes take a unit.
-    """
-    from .budget import parse_size
-
-    word = text.strip().lower()
-    if word in ("none", "all"):
+    if text.strip().lower() in ("none", "all"):
         return None
-    if word == "min":
-        return "min"
     try:
-        value = float(word)
-    except ValueError:
-        try:
-            return parse_size(text)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(
-                f"cannot read the budget {text!r}: write a fraction in (0, 1] (0.5), 'min', "
-                "or a size with a unit (2GiB, 800MB, 123B)") from err
-    if 0.0 < value <= 1.0:
-        return value
-    if value > 1.0:
-        raise argparse.ArgumentTypeError(
-            f"the budget {text!r} has no unit: a bare number is a fraction in (0, 1]; for bytes add a unit, "
-            f"e.g. {text}B, {text}MiB or {text}GiB")
-    raise argparse.ArgumentTypeError(f"the budget {text!r} must be positive: a fraction in (0, 1], 'min', or a size")
+        return parse_budget_text(text)
+    except BudgetError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def parse_memory(text: str) -> int:
@@ -207,15 +188,8 @@ def load_plan(path: str):
 
     try:
         return Plan.load(path)
-    except OSError as err:
-        raise CliError(f"cannot read the plan file {path!r}: {err.strerror or err}") from err
-    except json.JSONDecodeError as err:
-        raise CliError(f"{path!r} is not a remat plan file: not JSON ({err.msg} at line {err.lineno})") from err
-    except RematError as err:
-        raise CliError(f"{path!r} is not a usable remat plan: {err}") from err
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
-        raise CliError(f"{path!r} is not a valid remat plan file ({type(err).__name__}: {err}); "
-                       "write one with 'remat plan MODEL --save plan.json'") from err
+    except RematError as err:  # Plan.load names the file and the reason (missing, not JSON, not a plan)
+        raise CliError(str(err)) from err
 
 
 def _check_output(path: str | None) -> None:
@@ -277,36 +251,6 @@ def _capture(ui: _Ui, example, cost_model: str):
     return base
 
 
-def _make_plan(graph, budget, solver: str, **options):
-    """``make_plan``, also for ``budget="min"`` where the planner does not take it yet."""
-    from .budget import BudgetError
-    from .errors import InfeasibleBudgetError
-    from .planner import make_plan
-
-    try:
-        return make_plan(graph, budget, solver, **options)
-    except BudgetError:
-        if budget != "min":
-            raise
-    try:  # the planner names the smallest feasible budget when asked for none at all
-        return make_plan(graph, 0, solver, **options)
-    except InfeasibleBudgetError as err:
-        return make_plan(graph, err.min_budget_bytes, solver, **options)
-
-
-def _budget_bytes(graph, budget) -> int | None:
-    """What ``budget`` means in bytes for ``graph``, as the planner resolves it ("min": the
-    smallest budget ``auto`` meets, the same for every solver of a sweep)."""
-    from .errors import InfeasibleBudgetError
-
-    if budget == "min":
-        return _make_plan(graph, "min", "auto").budget_bytes
-    try:
-        return _make_plan(graph, budget, "store_all").budget_bytes
-    except InfeasibleBudgetError as err:
-        return err.budget_bytes
-
-
 def _plan_table(title: str, plan, store_all_peak: int, extra: dict | None = None) -> Table:
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("", style="bold")
@@ -332,10 +276,13 @@ def _plan_table(title: str, plan, store_all_peak: int, extra: dict | None = None
 
 
 def cmd_plan(args, ui: _Ui) -> int:
+    from .cache import plan_with_cache
+
     example = load_example(args.model, args.size)
     base = _capture(ui, example, args.cost_model)
     with ui.phase(f"planned with {args.solver} for budget {_fraction_label(args.budget)}"):
-        plan = _make_plan(base.graph, args.budget, args.solver, time_limit=args.time_limit)
+        plan = plan_with_cache(base.graph, args.budget, args.solver, time_limit=args.time_limit,
+                               cost_model=args.cost_model)
     ui.out.print(_plan_table(f"Plan for {example.name}", plan, base.peak_bytes))
     if args.save:
         plan.save(args.save)
@@ -344,8 +291,7 @@ def cmd_plan(args, ui: _Ui) -> int:
 
 
 def cmd_sweep(args, ui: _Ui) -> int:
-    from .api import ParetoFront
-    from .errors import InfeasibleBudgetError, SolverError
+    from .api import pareto_of_graph
     from .solvers import available
 
     _check_output(args.output)
@@ -355,27 +301,21 @@ def cmd_sweep(args, ui: _Ui) -> int:
                        EXIT_USAGE)
     example = load_example(args.model, args.size)
     base = _capture(ui, example, args.cost_model)
-    graph = base.graph
-    front = ParetoFront()
-    front.store_all_peak = base.peak_bytes
-    front.budgets = [_budget_bytes(graph, b) for b in args.budgets]
     solve_seconds = {s: 0.0 for s in args.solvers}
-    start = time.perf_counter()
+    start = last = time.perf_counter()
     with ui.progress() as progress:
         task = progress.add_task("planning", total=len(args.solvers) * len(args.budgets))
-        for solver in args.solvers:
-            plans = []
-            for label, b in zip(args.budgets, front.budgets):
-                progress.update(task, description=f"{solver} at {_fraction_label(label)}")
-                t0 = time.perf_counter()
-                try:
-                    plan = _make_plan(graph, b, solver, time_limit=args.time_limit)
-                except (InfeasibleBudgetError, SolverError):
-                    plan = None
-                solve_seconds[solver] += time.perf_counter() - t0
-                plans.append(plan if plan is not None and (b is None or plan.peak_bytes <= b) else None)
-                progress.advance(task)
-            front[solver] = plans
+
+        def on_plan(solver, budget_bytes, plan):
+            nonlocal last
+            now = time.perf_counter()
+            solve_seconds[solver] += now - last
+            last = now
+            progress.update(task, description=f"{solver} at {_fmt(budget_bytes)}")
+            progress.advance(task)
+
+        front = pareto_of_graph(base.graph, solvers=args.solvers, budgets=args.budgets,
+                                cost_model=args.cost_model, time_limit=args.time_limit, on_plan=on_plan)
     ui.out.print(f"[green]\u2713[/] planned {len(args.solvers)} solver(s) x {len(args.budgets)} budget(s) "
                  f"[dim]({time.perf_counter() - start:.1f} s)[/]")
 
@@ -409,24 +349,10 @@ def cmd_sweep(args, ui: _Ui) -> int:
 
 
 def _optimize(example, budget, solver: str, cost_model: str, time_limit):
-    """``remat.optimize``, also for ``budget="min"`` where the planner does not take it yet."""
     from .api import optimize
-    from .budget import BudgetError
-    from .errors import InfeasibleBudgetError
 
-    def run(b):
-        return optimize(example.model, *example.args, budget=b, solver=solver, cost_model=cost_model,
-                        time_limit=time_limit, **example.kwargs)
-
-    try:
-        return run(budget)
-    except BudgetError:
-        if budget != "min":
-            raise
-    try:
-        return run(0)
-    except InfeasibleBudgetError as err:
-        return run(err.min_budget_bytes)
+    return optimize(example.model, *example.args, budget=budget, solver=solver, cost_model=cost_model,
+                    time_limit=time_limit, **example.kwargs)
 
 
 def _timed_rounds(steps: dict[str, Callable[[], Any]], setup: Callable[[], Any], rounds: int, sync, progress, task,
@@ -457,26 +383,6 @@ def _timed_rounds(steps: dict[str, Callable[[], Any]], setup: Callable[[], Any],
             times[name].append(total / k)
         progress.advance(task)
     return times
-
-
-def _measured_cpu_timeline(step: Callable[[], Any]) -> list[int]:
-    """Bytes held by torch's CPU allocator over one run of ``step``, one reading per allocation
-    or free (``torch.profiler`` memory events, as in :mod:`remat.measure`)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    import torch
-
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    cpu = torch._C._autograd.DeviceType.CPU
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                    if e.name() == "[memory]" and e.device_type() == cpu)
-    series, in_use = [0], 0
-    for _, nbytes in events:
-        in_use += nbytes
-        series.append(in_use)
-    return series
 
 
 def cmd_bench(args, ui: _Ui) -> int:
@@ -543,10 +449,12 @@ def cmd_bench(args, ui: _Ui) -> int:
     if args.output:
         from .viz import plot_timeline
 
+        from .measure import allocator_timeline_cpu
+
         measured: Any = planned.peak_bytes
         if device.type == "cpu":
             setup()
-            measured = _measured_cpu_timeline(planned_step)
+            measured, _ = allocator_timeline_cpu(planned_step)
         plot_timeline(plan, args.output, measured=measured,
                       title=f"{example.name} ({args.size}): {plan.solver}, predicted vs measured memory")
         ui.out.print(f"wrote {args.output}")

@@ -1,7 +1,7 @@
 """Measured peak memory and wall time of one training step.
 
 This is what a :class:`~remat.plan.Plan`'s simulated peak is held against. The quantity
-measured is the one remat budgets (see DESIGN.md, "Budget"): the **peak growth of memory
+measured is the one remat budgets (see docs/design.md, "The budget"): the **peak growth of memory
 during one step over what was live when the step began**. Parameters, buffers, inputs and
 anything else already alive at the start are outside it; activations, temporaries and the
 gradients the step produces are inside it.
@@ -21,7 +21,7 @@ CPU, default (``cpu_method="allocator"``)
     (not Python objects or libraries' private buffers), and the profiler slows the step down,
     so memory is measured in separate, untimed runs.
 
-CPU, ``cpu_method="rss"`` (Linux with glibc only; DESIGN.md's first method)
+CPU, ``cpu_method="rss"`` (Linux with glibc only; a second opinion)
     The process's resident set size, read from ``/proc/self/status``. It was found to read
     several MiB low on multi-threaded steps (the kernel batches RSS counters per CPU: 9.6 MiB
     read while 14.3 MiB of tensors were alive on a GPT-2 step), hence not the default.
@@ -291,14 +291,14 @@ def _measure_once(fn: Callable[[], Any], dev: torch.device) -> tuple[int, float,
     return max(mem.max_memory_allocated(dev) - start, 0), seconds, result
 
 
-def _allocator_peak_cpu(fn: Callable[[], Any], collect_garbage: bool = True) -> tuple[int, Any]:
-    """Peak growth of bytes held by torch's CPU allocator while ``fn`` runs.
+def allocator_timeline_cpu(fn: Callable[[], Any], collect_garbage: bool = True) -> tuple[list[int], Any]:
+    """Bytes held by torch's CPU allocator while ``fn`` runs, relative to the start: one reading
+    before ``fn`` (0) and one after each allocation or free; and ``fn``'s result.
 
     ``torch.profiler`` with ``profile_memory=True`` reports every CPU allocation and free
-    (``[memory]`` events, bytes signed); their running sum in time order is the memory in use,
-    and its maximum is the CPU analogue of CUDA's ``max_memory_allocated`` growth. Exact to the
-    byte, blind to memory not allocated through torch (Python objects, some libraries' own
-    scratch buffers), and slows the step down, so it is never used for timing."""
+    (``[memory]`` events, bytes signed); their running sum in time order is the memory in use.
+    Exact to the byte, blind to memory not allocated through torch (Python objects, some
+    libraries' own scratch buffers), and slows the step down, so it is never used for timing."""
     from torch.profiler import ProfilerActivity, profile
 
     # kineto prints two lines per session at its default log level; it reads this when first used
@@ -313,11 +313,18 @@ def _allocator_peak_cpu(fn: Callable[[], Any], collect_garbage: bool = True) -> 
          if e.name() == "[memory]" and e.device_type() == cpu),
         key=lambda ev: ev[0],
     )
-    in_use = peak = 0
+    series, in_use = [0], 0
     for _, nbytes in events:
         in_use += nbytes
-        peak = max(peak, in_use)
-    return peak, result
+        series.append(in_use)
+    return series, result
+
+
+def _allocator_peak_cpu(fn: Callable[[], Any], collect_garbage: bool = True) -> tuple[int, Any]:
+    """Peak growth of bytes held by torch's CPU allocator while ``fn`` runs (the maximum of
+    :func:`allocator_timeline_cpu`): the CPU analogue of CUDA's ``max_memory_allocated`` growth."""
+    series, result = allocator_timeline_cpu(fn, collect_garbage)
+    return max(series), result
 
 
 # --------------------------------------------------------------------------------------------

@@ -330,6 +330,16 @@ class Plan:
             f"overhead={self.overhead * 100:.1f}%, nodes={len(self.graph.nodes)})"
         )
 
+    def plot(self, path=None, kind: str = "timeline", **kwargs):
+        """The predicted memory timeline (``kind="timeline"``) or Checkmate's schedule matrix
+        (``kind="schedule"``), written to ``path`` (.png or .svg) or returned as a Figure (:mod:`remat.viz`)."""
+        from . import viz
+
+        plots = {"timeline": viz.plot_timeline, "schedule": viz.plot_schedule}
+        if kind not in plots:
+            raise ValueError(f"unknown plot kind {kind!r}; choose 'timeline' or 'schedule'")
+        return plots[kind](self, path, **kwargs)
+
     # ------------------------------------------------------------ persistence
     def to_dict(self, include_graph: bool = True) -> dict:
         """The plan as JSON-ready data. It names the graph's :attr:`~remat.graph.Graph.structural_hash`
