@@ -12,7 +12,7 @@ from .api import ParetoFront, RematModule, capture_and_plan, optimize, pareto, p
 from .errors import CaptureError, InfeasibleBudgetError, InvalidPlanError, RematError, SolverError, SolverTimeLimitWarning
 from .graph import Graph
 from .measure import StepMeasurement, measure_step
-from .plan import Plan, simulate
+from .plan import Plan, PlanGraphMismatchError, simulate
 from .solvers import available as available_solvers
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "InfeasibleBudgetError",
     "CaptureError",
     "InvalidPlanError",
+    "PlanGraphMismatchError",
     "SolverError",
     "SolverTimeLimitWarning",
 ]
