@@ -14,7 +14,7 @@ from .errors import CaptureError, InfeasibleBudgetError, InvalidPlanError, Remat
 from .errors import NotTrainingWarning, UnsupportedWrappingError
 from .graph import Graph
 from .measure import StepMeasurement, measure_step
-from .plan import Plan, simulate
+from .plan import Plan, PlanGraphMismatchError, simulate
 from .solvers import available as available_solvers
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "InfeasibleBudgetError",
     "CaptureError",
     "InvalidPlanError",
+    "PlanGraphMismatchError",
     "SolverError",
     "SolverTimeLimitWarning",
     "NotTrainingWarning",
