@@ -15,4 +15,4 @@ demo: $(VENV)/.installed-models
 	$(VENV)/bin/remat demo
 
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile  # two workers; a test file stays on one worker (its fixtures are built once)
