@@ -60,8 +60,10 @@ def boxed(gm: fx.GraphModule) -> fx.GraphModule:
 # the backward reloads it. Entries are cleaned up when the handle tensor dies: after the reload
 # (the backward drops it), or when autograd frees the forward's saved tensors because the step was
 # abandoned (an exception after the forward, a graph dropped without backward). The store's
-# private folder (one per lowered graph, made with tempfile.mkdtemp) is removed when the store is
-# garbage collected (the compiled graphs hold it) and at interpreter exit.
+# private folder (one per lowered graph, made with tempfile.mkdtemp) exists only while it holds
+# entries: it is made by the first offload and removed with the last entry, so nothing is left on
+# disk between steps, whoever keeps the compiled graphs alive (Dynamo's caches do); it is also
+# removed when the store is garbage collected and at interpreter exit (weakref.finalize).
 #
 # Stores are found by an integer id (FX code cannot carry arbitrary objects as arguments); the
 # registry holds them weakly, the lowered GraphModules hold them strongly.
@@ -110,17 +112,18 @@ class OffloadStore:
     """
 
     def __init__(self, kind: str = FILE_STORE, dir: str | None = None):
+        """``dir``: where the private folders are made (default: :func:`tempfile.gettempdir`)."""
         if kind not in (FILE_STORE, PINNED_STORE):
             raise ValueError(f"unknown offload store {kind!r}; use {FILE_STORE!r} or {PINNED_STORE!r}")
         self.kind = kind
         self.id = next(_STORE_IDS)
         self.entries: dict[int, _Entry] = {}
         self._keys = itertools.count()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a handle finalizer may run (gc) while it is held
         self._streams: dict = {}
-        self.folder = tempfile.mkdtemp(prefix="remat-offload-", dir=dir) if kind == FILE_STORE else None
-        if self.folder is not None:
-            self._finalizer = weakref.finalize(self, shutil.rmtree, self.folder, True)
+        self.dir = dir
+        self.folder: str | None = None  # the private folder, while entries live
+        self._finalizer = None
         _STORES[self.id] = self
 
     def __deepcopy__(self, memo):  # graph copies share the store: it is a run-time resource
@@ -130,8 +133,7 @@ class OffloadStore:
         """Drop every entry and remove the folder (also done at garbage collection and exit)."""
         with self._lock:
             self.entries.clear()
-        if self.folder is not None:
-            self._finalizer()
+            self._remove_folder()
 
     def files(self) -> list[str]:
         """Files now in the store's folder (for tests and diagnostics)."""
@@ -149,7 +151,11 @@ class OffloadStore:
             self.entries[key] = entry
         span = torch.as_strided(t, (extent,), (1,), t.storage_offset())  # the storage bytes it covers
         if self.kind == FILE_STORE:
-            entry.path = os.path.join(self.folder, f"{key}.bin")
+            with self._lock:
+                if self.folder is None:
+                    self.folder = tempfile.mkdtemp(prefix="remat-offload-", dir=self.dir)
+                    self._finalizer = weakref.finalize(self, shutil.rmtree, self.folder, True)
+                entry.path = os.path.join(self.folder, f"{key}.bin")
             data = span.cpu().view(torch.uint8).numpy() if extent else b""
             entry.crc = zlib.crc32(data)
             with open(entry.path, "wb") as f:
@@ -223,11 +229,19 @@ class OffloadStore:
     def _discard(self, key: int) -> None:
         with self._lock:
             entry = self.entries.pop(key, None)
-        if entry is not None and entry.path is not None:
-            try:
-                os.unlink(entry.path)
-            except OSError:
-                pass
+            if entry is not None and entry.path is not None:
+                try:
+                    os.unlink(entry.path)
+                except OSError:
+                    pass
+            if not self.entries:
+                self._remove_folder()
+
+    def _remove_folder(self) -> None:  # under self._lock
+        if self._finalizer is not None:
+            self._finalizer()  # shutil.rmtree(folder, ignore_errors=True), once
+            self._finalizer = None
+        self.folder = None
 
     def _side_stream(self, device: torch.device):
         if device not in self._streams:
