@@ -4,7 +4,9 @@ A :class:`Plan` is an ordered list of instructions over a :class:`~remat.graph.G
 split at ``boundary`` into the forward part and the backward part::
 
     compute(node)   run the node; its outputs become resident
-    free(value)     drop a resident value
+    free(value)     drop a resident value (or the host copy of an offloaded one)
+    offload(value)  copy a resident activation to the offload tier, then drop it from the device
+    reload(value)   copy an offloaded value back to the device (computes reading it wait for it)
 
 Whatever is resident at the boundary is what the forward saves for the backward.
 Most solvers only choose *which nodes run when*; :meth:`Plan.from_schedule` then
@@ -23,7 +25,10 @@ Memory model of :func:`simulate` (bytes counted against the budget):
 * a node reading an input that the step mutates (``graph.meta['no_backward_recompute']``)
   cannot run in the backward, where that input already holds its new value;
 * a random node that is computed more than once keeps a generator state
-  (``graph.meta['rng_state_bytes']``) from its first run until its last replay.
+  (``graph.meta['rng_state_bytes']``) from its first run until its last replay;
+* offloaded bytes leave the budget only when their copy has finished; the offload tier
+  (pinned host memory, or files on the CPU) is tracked apart (``offload_peak_bytes``), and
+  the step time includes the stalls of copies compute has to wait for (see :func:`simulate`).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ RELOAD = "reload"
 
 @dataclass(frozen=True)
 class Instruction:
-    kind: str  # COMPUTE (target = node id) or FREE (target = value id)
+    kind: str  # COMPUTE (target = node id), or FREE, OFFLOAD, RELOAD (target = value id)
     target: int
 
     def describe(self, graph: Graph) -> str:
@@ -59,59 +64,146 @@ class Simulation:
 
     peak_bytes: int
     compute_seconds: float
-    timeline: tuple[int, ...]  # counted bytes after each instruction
+    timeline: tuple[int, ...]  # counted device bytes after each instruction
     peak_index: int  # the instruction at which the peak is reached
     saved: tuple[int, ...]  # activations resident at the boundary besides the forward outputs
     computes: int  # number of compute instructions
     forward_peak_bytes: int = 0  # the peak over the forward instructions
     backward_peak_bytes: int = 0  # the peak from the boundary on (tangents included)
+    offload_peak_bytes: int = 0  # the most bytes the offload tier holds at once
+    stall_seconds: float = 0.0  # compute waiting for copies (reloads not done, synchronous copies)
+    transfer_seconds: float = 0.0  # busy time of the transfer channel, both directions
+    step_seconds: float = -1.0  # compute + stalls (defaults to compute_seconds)
+    offloaded: int = 0  # number of offload instructions
+    saved_offloaded: tuple[int, ...] = ()  # activations offloaded at the boundary (the backward reloads them)
+
+    def __post_init__(self):
+        if self.step_seconds < 0:
+            object.__setattr__(self, "step_seconds", self.compute_seconds)
+
+
+def transfer_costs(graph: Graph) -> dict:
+    """``graph.meta["transfer"]``, checked: the bandwidths (bytes/s) of each direction, the fixed
+    ``latency_s`` of one copy (default 0) and ``overlap`` (default True: copies run on a channel
+    beside compute; False: each copy blocks compute until it finishes, as the CPU file store does).
+    Raises :class:`InvalidPlanError` when the graph has none."""
+    t = graph.meta.get("transfer")
+    if not t or not t.get("d2h_bytes_per_s") or not t.get("h2d_bytes_per_s"):
+        raise InvalidPlanError(
+            f"the plan offloads values but graph {graph.name!r} has no transfer costs "
+            "(graph.meta['transfer'] with d2h_bytes_per_s and h2d_bytes_per_s); capture it with remat's "
+            "capture, which measures them (remat.cost.transfer), or set them by hand"
+        )
+    return {
+        "d2h_bytes_per_s": float(t["d2h_bytes_per_s"]),
+        "h2d_bytes_per_s": float(t["h2d_bytes_per_s"]),
+        "latency_s": float(t.get("latency_s", 0.0)),
+        "overlap": bool(t.get("overlap", True)),
+    }
 
 
 def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -> Simulation:
-    """Walk the plan once; return its peak and time, or raise :class:`InvalidPlanError`."""
+    """Walk the plan once; return its peak and time, or raise :class:`InvalidPlanError`.
+
+    Two memory tiers and one transfer channel (only plans with offload/reload use them):
+
+    * a compute clock advances by each node's cost, plus stalls;
+    * ``offload(v)`` queues a device→host copy on the channel: it starts at
+      max(issue time, channel free) and lasts ``latency_s + bytes / d2h_bytes_per_s``; v's device
+      bytes are released when it finishes (pending releases are applied before each instruction,
+      once the clock has passed their time); the offload tier holds v from the issue on;
+    * ``reload(v)`` allocates v's device bytes at once and queues the host→device copy; a compute
+      reading v waits (stall) until it finishes; the reload consumes the host copy (the tier drops
+      v when the copy finishes);
+    * ``free(v)`` of an offloaded value drops its host copy;
+    * with ``overlap=False`` (CPU file store) every copy blocks compute: it is all stall;
+    * the step ends when compute and the channel are both done (waiting for the channel is a stall).
+    """
     instructions = list(instructions)
     values, nodes = graph.values, graph.nodes
     if not 0 <= boundary <= len(instructions):
         raise InvalidPlanError(f"boundary {boundary} is outside the plan of {len(instructions)} instructions")
+    transfer = None
+    if any(ins.kind in (OFFLOAD, RELOAD) for ins in instructions):
+        transfer = transfer_costs(graph)
 
     rng_bytes = int(graph.meta.get("rng_state_bytes", 0))
     runs: dict[int, int] = {}
     for ins in instructions:
-        if ins.kind == COMPUTE and nodes[ins.target].random:
+        if ins.kind == COMPUTE and 0 <= ins.target < len(nodes) and nodes[ins.target].random:
             runs[ins.target] = runs.get(ins.target, 0) + 1
     runs_left = dict(runs)
     no_backward_recompute = set(graph.meta.get("no_backward_recompute", ()))
 
     resident: set[int] = set()
     pinned: set[int] = set()  # forward outputs held by the user
+    offloaded: set[int] = set()  # values whose only copy is in the offload tier
+    ready: dict[int, float] = {}  # reloaded value -> time its copy finishes
+    pending: list[tuple[float, int, int]] = []  # (time, device bytes, tier bytes) released then
     current = 0  # counted bytes resident in the plan
     external = 0  # forward outputs the user holds that the plan no longer tracks
+    tier = tier_peak = 0  # bytes in the offload tier
     peak, peak_index = 0, -1
     forward_peak = 0  # the peak over the instructions before the boundary
     backward_peak = 0
-    seconds = 0.0
+    seconds = 0.0  # compute only
+    clock = 0.0  # compute + stalls
+    stall = 0.0
+    channel_free = 0.0
+    transfer_busy = 0.0
+    offload_count = 0
     computes = 0
     timeline: list[int] = []
     saved: tuple[int, ...] = ()
+    saved_offloaded: tuple[int, ...] = ()
 
     def fail(i: int, why: str):
         raise InvalidPlanError(f"instruction {i} {instructions[i].describe(graph)}: {why}")
 
+    def release_due():
+        nonlocal current, tier, pending
+        if pending:
+            due = [p for p in pending if p[0] <= clock]
+            if due:
+                pending = [p for p in pending if p[0] > clock]
+                current -= sum(p[1] for p in due)
+                tier -= sum(p[2] for p in due)
+
+    def wait_until(t: float):
+        nonlocal clock, stall
+        if t > clock:
+            stall += t - clock
+            clock = t
+
+    def copy(nbytes: int, bytes_per_s: float) -> float:
+        """Queue a copy on the channel; return its finish time."""
+        nonlocal channel_free, transfer_busy
+        duration = transfer["latency_s"] + nbytes / bytes_per_s
+        start = max(clock, channel_free)
+        channel_free = start + duration
+        transfer_busy += duration
+        if not transfer["overlap"]:
+            wait_until(channel_free)
+        return channel_free
+
     def enter_backward():
-        nonlocal current, saved
+        nonlocal current, saved, saved_offloaded
         for v in graph.forward_outputs:
             if values[v].kind == ACTIVATION and v not in resident:
+                where = "offloaded" if v in offloaded else "not resident"
                 raise InvalidPlanError(
-                    f"forward output {values[v].name} is not resident when the forward ends (instruction {boundary})"
+                    f"forward output {values[v].name} is {where} when the forward ends (instruction {boundary})"
                 )
         outputs = set(graph.forward_outputs)
         saved = tuple(sorted(v for v in resident if values[v].kind == ACTIVATION and v not in outputs))
+        saved_offloaded = tuple(sorted(offloaded))
         pinned.update(v for v in graph.forward_outputs if values[v].kind == ACTIVATION)
         for t in graph.tangents:
             resident.add(t)
             current += values[t].bytes
 
     for i, ins in enumerate(instructions):
+        release_due()
         if i == boundary:
             forward_peak = peak
             enter_backward()
@@ -129,10 +221,18 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
                 kind = values[v].kind
                 if kind == INPUT:
                     continue
+                if v in offloaded:
+                    fail(i, f"input {values[v].name} is offloaded; reload it first")
                 if v not in resident:
                     fail(i, f"input {values[v].name} is not resident")
+            waits = [ready.pop(v) for v in node.inputs if v in ready]
+            if waits:  # a reload still copying: compute stalls until it lands
+                wait_until(max(waits))
+                release_due()
             out_bytes = 0
             for v in node.outputs:
+                if v in offloaded:
+                    fail(i, f"output {values[v].name} is offloaded; free its host copy or reload it instead")
                 if v in resident:
                     if v in pinned:  # the user keeps the old copy; the plan makes a new one
                         pinned.discard(v)
@@ -156,23 +256,60 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
                 if runs_left[node.id] == 0:
                     current -= rng_bytes
             seconds += node.cost
+            clock += node.cost
             computes += 1
-        elif ins.kind == FREE:
+        elif ins.kind in (FREE, OFFLOAD, RELOAD):
             v = ins.target
             if not 0 <= v < len(values):
                 raise InvalidPlanError(f"instruction {i}: no value with id {v}")
-            if values[v].kind == INPUT:
-                fail(i, "inputs are never freed")
-            if values[v].kind == TANGENT and not in_backward:
-                fail(i, "tangents exist only in the backward")
-            if v not in resident:
-                fail(i, "the value is not resident")
-            if v in pinned:
-                fail(i, "a forward output belongs to the user and cannot be freed")
-            resident.discard(v)
-            current -= values[v].bytes
+            kind = values[v].kind
+            if ins.kind == FREE:
+                if kind == INPUT:
+                    fail(i, "inputs are never freed")
+                if kind == TANGENT and not in_backward:
+                    fail(i, "tangents exist only in the backward")
+                if v in offloaded:  # drop the host copy
+                    offloaded.discard(v)
+                    tier -= values[v].bytes
+                elif v not in resident:
+                    fail(i, "the value is not resident")
+                else:
+                    if v in pinned:
+                        fail(i, "a forward output belongs to the user and cannot be freed")
+                    resident.discard(v)
+                    if v in ready:  # its reload still writes into it: the bytes go when it lands
+                        pending.append((ready.pop(v), values[v].bytes, 0))
+                    else:
+                        current -= values[v].bytes
+            elif ins.kind == OFFLOAD:
+                if kind != ACTIVATION:
+                    fail(i, f"only activations can be offloaded, not {'an' if kind == INPUT else 'a'} {kind}")
+                if v in offloaded:
+                    fail(i, "the value is already offloaded")
+                if v not in resident:
+                    fail(i, "the value is not resident")
+                if v in pinned:
+                    fail(i, "a forward output belongs to the user and cannot be offloaded")
+                resident.discard(v)
+                ready.pop(v, None)  # the channel is serial: this copy starts after the reload's
+                offloaded.add(v)
+                tier += values[v].bytes
+                tier_peak = max(tier_peak, tier)
+                done = copy(values[v].bytes, transfer["d2h_bytes_per_s"])
+                pending.append((done, values[v].bytes, 0))
+                offload_count += 1
+            else:  # RELOAD
+                if v not in offloaded:
+                    fail(i, "the value is not offloaded" + (" (it is resident)" if v in resident else ""))
+                offloaded.discard(v)
+                resident.add(v)
+                current += values[v].bytes
+                done = copy(values[v].bytes, transfer["h2d_bytes_per_s"])
+                ready[v] = done
+                pending.append((done, 0, values[v].bytes))
         else:
-            fail(i, f"unknown instruction kind {ins.kind!r} (offload/reload need the hybrid runtime)")
+            fail(i, f"unknown instruction kind {ins.kind!r}")
+        release_due()  # copies that landed while this instruction ran (all of them when synchronous)
         if current + external > peak:
             peak, peak_index = current + external, i
         if in_backward:
@@ -183,10 +320,22 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
         enter_backward()
         backward_peak = current + external
         peak = max(peak, current + external)
+    if offloaded:
+        names = ", ".join(values[v].name for v in sorted(offloaded))
+        raise InvalidPlanError(
+            f"the step ends with {names} still offloaded: free (drop the host copy) or reload each offloaded value"
+        )
     for v in graph.backward_outputs:
         if values[v].kind in (ACTIVATION, TANGENT) and v not in resident:
             raise InvalidPlanError(f"backward output {values[v].name} is not resident when the step ends")
-    return Simulation(int(peak), seconds, tuple(timeline), peak_index, saved, computes, int(forward_peak), int(backward_peak))
+    if transfer is not None:
+        wait_until(channel_free)  # the step ends when its last copy has landed
+    return Simulation(
+        int(peak), seconds, tuple(timeline), peak_index, saved, computes, int(forward_peak), int(backward_peak),
+        offload_peak_bytes=int(tier_peak), stall_seconds=stall, transfer_seconds=transfer_busy,
+        step_seconds=clock if transfer is not None else seconds, offloaded=offload_count,
+        saved_offloaded=saved_offloaded,
+    )
 
 
 @dataclass
@@ -266,6 +415,32 @@ class Plan:
             boundary = len(instructions)
         return cls(graph, tuple(instructions), boundary, **kwargs)
 
+    def with_swaps(self, offload_after=None, reload_before=None, **kwargs) -> "Plan":
+        """This plan with offload/reload instructions inserted, simulated anew.
+
+        ``offload_after``: ``{value id: i}`` inserts ``offload(value)`` right after instruction ``i``
+        of this plan; ``reload_before``: ``{value id: j}`` inserts ``reload(value)`` right before
+        instruction ``j`` (``j == len(instructions)``: at the very end). Indices are this plan's, so
+        they do not shift while inserting. A value may be swapped several times: give a list of
+        indices (the k-th offload pairs with the k-th reload only by the order the simulator sees).
+        Within one gap, offloads come before reloads; an offload after the last forward
+        instruction stays in the forward, a reload before the first backward one in the backward.
+        ``kwargs`` override budget_bytes/solver/solve_seconds/info (default: this plan's).
+        Raises :class:`InvalidPlanError` if the result breaks the simulator's rules::
+
+            plan = solve("store_all", graph, None)
+            i = last forward use of v, j = first backward use of v (instruction indices)
+            swapped = plan.with_swaps(offload_after={v: i}, reload_before={v: j})
+            swapped.peak_bytes < plan.peak_bytes        # if v was resident at the old peak
+            swapped.step_seconds >= swapped.compute_seconds   # stalls included
+
+        :func:`insert_swaps` does the same on bare instruction lists, without simulating.
+        """
+        instructions, boundary = insert_swaps(self.instructions, self.boundary, offload_after, reload_before)
+        fields = {"budget_bytes": self.budget_bytes, "solver": self.solver,
+                  "solve_seconds": self.solve_seconds, "info": dict(self.info), **kwargs}
+        return type(self)(self.graph, instructions, boundary, **fields)
+
     # ------------------------------------------------------------ results
     @property
     def peak_bytes(self) -> int:
@@ -280,6 +455,28 @@ class Plan:
         """Extra predicted compute as a fraction of the store_all plan's (0.25 = 25% more)."""
         base = self.graph.store_all_seconds
         return self.compute_seconds / base - 1.0 if base > 0 else 0.0
+
+    @property
+    def step_seconds(self) -> float:
+        """Predicted step time: compute plus the stalls of waiting for offload/reload copies
+        (equal to :attr:`compute_seconds` for a plan without offloads)."""
+        return self.simulation.step_seconds
+
+    @property
+    def step_overhead(self) -> float:
+        """Extra predicted step time (compute + stalls) over the store_all plan's compute."""
+        base = self.graph.store_all_seconds
+        return self.step_seconds / base - 1.0 if base > 0 else 0.0
+
+    @property
+    def offload_peak_bytes(self) -> int:
+        """The most bytes the offload tier (host memory or files) holds at once."""
+        return self.simulation.offload_peak_bytes
+
+    @property
+    def offloaded_values(self) -> tuple[int, ...]:
+        """Value ids the plan offloads at least once, in order of first offload."""
+        return tuple(dict.fromkeys(ins.target for ins in self.instructions if ins.kind == OFFLOAD))
 
     @property
     def saved_values(self) -> tuple[int, ...]:
@@ -320,6 +517,10 @@ class Plan:
             f"(overhead {self.overhead * 100:+.1f}% over store_all, {self.recomputations} recomputations)",
             f"  solve time      {self.solve_seconds:.3f} s",
         ]
+        if self.simulation.offloaded:
+            sim = self.simulation
+            lines.insert(-1, f"  offload         {sim.offloaded} copies out, tier peak {format_bytes(sim.offload_peak_bytes)}, "
+                             f"step {sim.step_seconds * 1e3:.2f} ms predicted ({sim.stall_seconds * 1e3:.2f} ms stalled)")
         for key, val in self.info.items():
             lines.append(f"  {key:<15} {val}")
         return "\n".join(lines)
@@ -434,6 +635,36 @@ class Plan:
         return graph
 
 
+def insert_swaps(instructions, boundary: int, offload_after=None, reload_before=None):
+    """``(instructions, boundary)`` with ``offload(v)`` after instruction ``offload_after[v]`` and
+    ``reload(v)`` before instruction ``reload_before[v]`` (a list of indices swaps v several
+    times); see :meth:`Plan.with_swaps`. Nothing is validated here."""
+    instructions = list(instructions)
+    n = len(instructions)
+
+    def by_index(mapping, lo, hi, what):
+        out: dict[int, list[int]] = {}
+        for v, idx in (mapping or {}).items():
+            for k in ([idx] if isinstance(idx, int) else list(idx)):
+                if not lo <= int(k) <= hi:
+                    raise InvalidPlanError(f"{what} index {k} for value {v} is outside 0..{hi}")
+                out.setdefault(int(k), []).append(int(v))
+        return out
+
+    offloads = by_index(offload_after, 0, n - 1, "offload_after")
+    reloads = by_index(reload_before, 0, n, "reload_before")
+    result: list[Instruction] = []
+    new_boundary = None
+    for gap in range(n + 1):  # gap k lies between instruction k-1 and instruction k
+        result.extend(Instruction(OFFLOAD, v) for v in offloads.get(gap - 1, ()))
+        if gap == boundary:
+            new_boundary = len(result)
+        result.extend(Instruction(RELOAD, v) for v in reloads.get(gap, ()))
+        if gap < n:
+            result.append(instructions[gap])
+    return tuple(result), new_boundary
+
+
 PLAN_FORMAT = 2  # 2: graph_hash and versions; the graph optional
 _READABLE_FORMATS = (1, 2)
 
@@ -456,4 +687,5 @@ class PlanGraphMismatchError(InvalidPlanError):
         )
 
 
-__all__ = ["Plan", "PlanGraphMismatchError", "Instruction", "Simulation", "simulate", "COMPUTE", "FREE", "FORWARD", "BACKWARD", "TANGENT"]
+__all__ = ["Plan", "PlanGraphMismatchError", "Instruction", "Simulation", "simulate", "insert_swaps",
+           "transfer_costs", "COMPUTE", "FREE", "OFFLOAD", "RELOAD", "FORWARD", "BACKWARD", "TANGENT"]
