@@ -22,7 +22,7 @@ from torch._dynamo.backends.common import aot_autograd
 
 from .budget import parse_budget_text
 from .capture import capture_joint
-from .cost import make_cost_fn, make_workspace_fn
+from .cost import make_cost_fn, make_transfer_meta, make_workspace_fn
 from .errors import RematError, through_dynamo
 from .lower import lower
 from .cache import plan_with_cache
@@ -83,6 +83,7 @@ def make_partition_fn(opts: BackendOptions):
             num_fwd_outputs,
             cost_fn=make_cost_fn(opts.cost_model, device),
             workspace_fn=make_workspace_fn(opts.workspace),
+            transfer=make_transfer_meta(device),
         )
         plan = plan_with_cache(
             capture.graph, opts.budget, opts.solver, time_limit=opts.time_limit,

@@ -109,9 +109,12 @@ def capture_joint(
     cost_fn: CostFn | None = None,
     workspace_fn: Callable[[fx.Node], int] | None = None,
     name: str = "graph",
+    transfer: dict | None = None,
 ) -> Capture:
     """Build the Graph of a joint graph; ``cost_fn(fx_node) -> seconds`` prices each op,
-    ``workspace_fn(fx_node) -> bytes`` gives its scratch memory (see :mod:`remat.cost.workspace`)."""
+    ``workspace_fn(fx_node) -> bytes`` gives its scratch memory (see :mod:`remat.cost.workspace`),
+    ``transfer`` the offload tier's costs, kept as ``graph.meta["transfer"]`` (see
+    :mod:`remat.cost.transfer`; plans that offload need them)."""
     fx_graph = joint.graph
     (output_node,) = fx_graph.find_nodes(op="output")
     outputs = list(output_node.args[0])
@@ -287,6 +290,7 @@ def capture_joint(
             "mutated_inputs": sorted(mutated),
             "no_backward_recompute": no_backward_recompute,
             **({"grad_inputs": grad_inputs} if grad_inputs is not None else {}),
+            **({"transfer": dict(transfer)} if transfer else {}),
         },
     )
     return Capture(

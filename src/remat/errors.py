@@ -116,3 +116,10 @@ def through_dynamo(err: RematError) -> RematError:
     passed.first_useful_frame = None  # keep the whole traceback (it starts in the user's code)
     passed.__cause__, passed.__context__, passed.__traceback__ = err.__cause__, err.__context__, err.__traceback__
     return passed
+
+
+class OffloadError(RematError):
+    """An offloaded value could not be brought back intact: its file in the offload store is
+    missing or corrupt (wrong size or checksum), or its handle is unknown. The step is aborted
+    rather than run on wrong data; run it again (and keep other programs out of remat's
+    temporary folder)."""

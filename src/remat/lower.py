@@ -16,6 +16,12 @@ joint graph's FX nodes.
   first time the backward reads a value it did not compute, it becomes a placeholder.
 * A random op's first run is preceded by ``rng_state(device)``; every later run goes
   through ``replay_random(state, ...)``, so it draws the same numbers.
+* ``offload(v)`` becomes ``h = runtime.offload(store_id, v)`` and the copy of v is forgotten,
+  so the tensor dies right after the call; ``reload(v)`` becomes ``runtime.reload(store_id, h)``,
+  and the first op that reads the reloaded tensor is preceded by ``runtime.wait(store_id, h, t)``
+  (the copy has landed; a no-op for the file store). A value offloaded when the forward ends is
+  saved as its handle ``h`` (a 0-d int64 tensor), which the backward reloads. The store (one per
+  lowered plan, :class:`remat.runtime.OffloadStore`) is held by both GraphModules.
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ import torch.fx as fx
 
 from .capture import Capture, is_batch_norm_with_stats
 from .errors import InvalidPlanError
-from .plan import COMPUTE, FREE, Plan
-from .runtime import replay_random, rng_state
+from .plan import COMPUTE, FREE, OFFLOAD, RELOAD, Plan
+from . import runtime
+from .runtime import FILE_STORE, PINNED_STORE, OffloadStore, replay_random, rng_state
 
 
 BATCH_NORM_NO_STATS = torch.ops.aten._native_batch_norm_legit.no_stats
@@ -43,6 +50,9 @@ class _Lowering:
         self.fwd = fx.Graph()
         self.bwd = fx.Graph()
         self.computed: set[int] = set()  # nodes run at least once so far
+        self.store = None
+        if any(ins.kind in (OFFLOAD, RELOAD) for ins in plan.instructions):
+            self.store = OffloadStore(offload_store_kind(plan.graph))
         self.fake_mode = None
         for n in capture.joint.graph.nodes:
             val = n.meta.get("val")
@@ -56,6 +66,8 @@ class _Lowering:
         self.current: dict[int, fx.Node] = {}  # value id -> node holding its current copy
         self.alias_copies: dict[int, dict[fx.Node, fx.Node]] = {}  # base value id -> {joint alias node: copy}
         self.rng: dict[int, fx.Node] = {}  # graph node id -> its saved generator state
+        self.handles: dict[int, fx.Node] = {}  # offloaded value id -> its handle
+        self.unwaited: dict[int, fx.Node] = {}  # reloaded value id -> handle, until a read waits for it
 
     def _resolve(self, arg: fx.Node) -> fx.Node:
         cap = self.cap
@@ -68,6 +80,11 @@ class _Lowering:
             vid = cap.value_id[arg]
             if vid not in self.current:
                 self.current[vid] = self._demand_saved(("value", vid))
+            if vid in self.unwaited:  # first read of a reload: wait for its copy
+                handle = self.unwaited.pop(vid)
+                waited = self.graph.call_function(runtime.wait, (self.store.id, handle, self.current[vid]))
+                waited.meta.update(self.current[vid].meta)
+                self.current[vid] = waited
             return self.current[vid]
         if arg in cap.alias_base:
             copies = self.alias_copies.setdefault(cap.alias_base[arg], {})
@@ -86,6 +103,12 @@ class _Lowering:
         if isinstance(val, (tuple, list)):
             val = next((v for v in val if isinstance(v, torch.Tensor)), None)
         return str(val.device) if isinstance(val, torch.Tensor) else "cpu"
+
+    def _fake_handle(self):
+        if self.fake_mode is None:
+            return None
+        with self.fake_mode:
+            return torch.empty((), dtype=torch.int64)
 
     def _fake_state(self, device: str):
         n = int(self.plan.graph.meta.get("rng_state_bytes", 16))
@@ -108,6 +131,8 @@ class _Lowering:
                     "nor resident when the forward ends"
                 )
             src = self.fwd_current[vid]
+        elif key[0] == "handle":
+            src = self.fwd_handles[key[1]]
         else:
             src = self.fwd_rng[key[1]]
         with self.bwd.inserting_before(self.first_tangent):
@@ -120,6 +145,8 @@ class _Lowering:
     def _key_name(self, key) -> str:
         if key[0] == "value":
             return self.plan.graph.values[key[1]].name
+        if key[0] == "handle":
+            return f"{self.plan.graph.values[key[1]].name}_offloaded"
         return f"rng_state_{self.plan.graph.nodes[key[1]].name}"
 
     # ---------------------------------------------------------------- instructions
@@ -167,7 +194,26 @@ class _Lowering:
 
     def _free(self, vid: int):
         self.current.pop(vid, None)
+        self.handles.pop(vid, None)  # an offloaded value: its entry goes with the handle
+        self.unwaited.pop(vid, None)
         self._forget_aliases_of(vid)
+
+    def _offload(self, vid: int):
+        tensor = self._resolve(self.cap.value_node[vid])
+        handle = self.graph.call_function(runtime.offload, (self.store.id, tensor))
+        handle.meta["val"] = self._fake_handle()
+        self.handles[vid] = handle
+        self.current.pop(vid, None)
+        self._forget_aliases_of(vid)
+
+    def _reload(self, vid: int):
+        handle = self.handles.pop(vid, None)
+        if handle is None:  # offloaded when the forward ended: the forward saved its handle
+            handle = self._demand_saved(("handle", vid))
+        tensor = self.graph.call_function(runtime.reload, (self.store.id, handle))
+        tensor.meta.update(self.cap.value_node[vid].meta)
+        self.current[vid] = tensor
+        self.unwaited[vid] = handle
 
     def _run(self, instructions, offset: int = 0):
         for i, ins in enumerate(instructions, offset):
@@ -179,6 +225,10 @@ class _Lowering:
                         break
             elif ins.kind == FREE:
                 self._free(ins.target)
+            elif ins.kind == OFFLOAD:
+                self._offload(ins.target)
+            elif ins.kind == RELOAD:
+                self._reload(ins.target)
             else:
                 raise InvalidPlanError(f"lowering does not support {ins.kind} instructions yet")
 
@@ -192,7 +242,9 @@ class _Lowering:
             self.current[cap.value_id[p]] = ph
         self._run(self.plan.forward_instructions)
         fwd_user_outputs = [self._resolve(x) if isinstance(x, fx.Node) else x for x in cap.fwd_outputs]
-        self.fwd_current, self.fwd_rng = dict(self.current), dict(self.rng)
+        for vid in list(self.unwaited):  # reloads saved for the backward: landed before the forward returns
+            self._resolve(cap.value_node[vid])
+        self.fwd_current, self.fwd_rng, self.fwd_handles = dict(self.current), dict(self.rng), dict(self.handles)
 
         # backward: saved values appear as placeholders on demand, then the tangents
         self.saved_placeholder: dict = {}
@@ -210,9 +262,20 @@ class _Lowering:
         self.fwd.output(tuple(fwd_user_outputs + saved_sources))
         fwd_gm = fx.GraphModule(cap.joint, self.fwd)
         bwd_gm = fx.GraphModule(cap.joint, self.bwd)
+        if self.store is not None:  # the graphs keep their store (and its folder) alive
+            fwd_gm.remat_offload_store = bwd_gm.remat_offload_store = self.store
         fwd_gm.graph.lint()
         bwd_gm.graph.lint()
         return fwd_gm, bwd_gm
+
+
+def offload_store_kind(graph) -> str:
+    """The offload store a plan over ``graph`` uses: ``graph.meta['transfer']['store']`` when set,
+    else pinned host memory on CUDA and the file store elsewhere."""
+    kind = (graph.meta.get("transfer") or {}).get("store")
+    if kind:
+        return kind
+    return PINNED_STORE if str(graph.meta.get("device", "cpu")).startswith("cuda") else FILE_STORE
 
 
 def lower(capture: Capture, plan: Plan) -> tuple[fx.GraphModule, fx.GraphModule]:
@@ -220,4 +283,4 @@ def lower(capture: Capture, plan: Plan) -> tuple[fx.GraphModule, fx.GraphModule]
     return _Lowering(capture, plan).lower()
 
 
-__all__ = ["lower"]
+__all__ = ["lower", "offload_store_kind"]

@@ -46,3 +46,235 @@ def boxed(gm: fx.GraphModule) -> fx.GraphModule:
     gm.graph.set_codegen(fx.graph._BoxedCodeGen())
     gm.recompile()
     return gm
+
+
+# ----------------------------------------------------------------------------- offload store
+#
+# ``offload(v)`` in a plan lowers to ``h = offload(store_id, v)`` and ``reload(v)`` to
+# ``t = reload(store_id, h)``, then ``t = wait(store_id, h, t)`` right before the first op that
+# reads t (so that on CUDA the copy overlaps the ops in between).
+#
+# The handle h is a 0-d int64 CPU tensor holding the entry's key in its store. A tensor, because
+# AOTAutograd hands the backward what the forward saved as tensors (``save_for_backward``) in the
+# boxed calling convention; a value offloaded when the forward ends is saved as its handle, and
+# the backward reloads it. Entries are cleaned up when the handle tensor dies: after the reload
+# (the backward drops it), or when autograd frees the forward's saved tensors because the step was
+# abandoned (an exception after the forward, a graph dropped without backward). The store's
+# private folder (one per lowered graph, made with tempfile.mkdtemp) exists only while it holds
+# entries: it is made by the first offload and removed with the last entry, so nothing is left on
+# disk between steps, whoever keeps the compiled graphs alive (Dynamo's caches do); it is also
+# removed when the store is garbage collected and at interpreter exit (weakref.finalize).
+#
+# Stores are found by an integer id (FX code cannot carry arbitrary objects as arguments); the
+# registry holds them weakly, the lowered GraphModules hold them strongly.
+
+import itertools
+import os
+import shutil
+import tempfile
+import threading
+import weakref
+import zlib
+from dataclasses import dataclass
+
+from .errors import OffloadError
+
+FILE_STORE = "file"
+PINNED_STORE = "pinned"
+
+_STORES: "weakref.WeakValueDictionary[int, OffloadStore]" = weakref.WeakValueDictionary()
+_STORE_IDS = itertools.count(1)
+
+
+@dataclass
+class _Entry:
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+    device: torch.device
+    extent: int  # elements of the storage span the tensor covers
+    nbytes: int
+    path: str | None = None  # file store
+    crc: int = 0
+    host: torch.Tensor | None = None  # pinned store: the host copy
+    done: object = None  # pinned store: CUDA event recorded after the copy
+
+
+class OffloadStore:
+    """Where offloaded tensors live between ``offload`` and ``reload``.
+
+    ``kind="file"`` (the CPU default, usable on any device): each tensor's bytes go to a file in a
+    private temporary folder, with their size and CRC-32 checked when read back; reads and
+    writes are synchronous. ``kind="pinned"`` (CUDA): copies to pinned host buffers on a side
+    stream; the device tensor is marked used by that stream (``record_stream``), so the caching
+    allocator never reuses it before the copy has read it, and the reload's consumer waits on the
+    copy's event.
+    """
+
+    def __init__(self, kind: str = FILE_STORE, dir: str | None = None):
+        """``dir``: where the private folders are made (default: :func:`tempfile.gettempdir`)."""
+        if kind not in (FILE_STORE, PINNED_STORE):
+            raise ValueError(f"unknown offload store {kind!r}; use {FILE_STORE!r} or {PINNED_STORE!r}")
+        self.kind = kind
+        self.id = next(_STORE_IDS)
+        self.entries: dict[int, _Entry] = {}
+        self._keys = itertools.count()
+        self._lock = threading.RLock()  # a handle finalizer may run (gc) while it is held
+        self._streams: dict = {}
+        self.dir = dir
+        self.folder: str | None = None  # the private folder, while entries live
+        self._finalizer = None
+        _STORES[self.id] = self
+
+    def __deepcopy__(self, memo):  # graph copies share the store: it is a run-time resource
+        return self
+
+    def close(self) -> None:
+        """Drop every entry and remove the folder (also done at garbage collection and exit)."""
+        with self._lock:
+            self.entries.clear()
+            self._remove_folder()
+
+    def files(self) -> list[str]:
+        """Files now in the store's folder (for tests and diagnostics)."""
+        if self.folder is None or not os.path.isdir(self.folder):
+            return []
+        return sorted(os.listdir(self.folder))
+
+    # ------------------------------------------------------------------ offload / reload
+    def offload(self, tensor: torch.Tensor) -> torch.Tensor:
+        t = tensor.detach()
+        extent = _extent(t)
+        entry = _Entry(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, extent, extent * t.element_size())
+        with self._lock:
+            key = next(self._keys)
+            self.entries[key] = entry
+        span = torch.as_strided(t, (extent,), (1,), t.storage_offset())  # the storage bytes it covers
+        if self.kind == FILE_STORE:
+            with self._lock:
+                if self.folder is None:
+                    self.folder = tempfile.mkdtemp(prefix="remat-offload-", dir=self.dir)
+                    self._finalizer = weakref.finalize(self, shutil.rmtree, self.folder, True)
+                entry.path = os.path.join(self.folder, f"{key}.bin")
+            data = span.cpu().view(torch.uint8).numpy() if extent else b""
+            entry.crc = zlib.crc32(data)
+            with open(entry.path, "wb") as f:
+                f.write(data)
+        else:
+            stream = self._side_stream(t.device)
+            current = torch.cuda.current_stream(t.device)
+            stream.wait_stream(current)  # the copy reads t only once the ops writing it are done
+            with torch.cuda.stream(stream):
+                entry.host = torch.empty(extent, dtype=t.dtype, pin_memory=True)
+                entry.host.copy_(span, non_blocking=True)
+                entry.done = torch.cuda.Event()
+                entry.done.record(stream)
+            t.record_stream(stream)  # not reused before the copy has read it
+        handle = torch.tensor(key, dtype=torch.int64)
+        weakref.finalize(handle, self._discard, key)
+        return handle
+
+    def reload(self, handle: torch.Tensor) -> torch.Tensor:
+        key = int(handle)
+        with self._lock:
+            entry = self.entries.get(key)
+        if entry is None:
+            raise OffloadError(f"offload store {self.id} has no entry {key}: it was already reloaded or dropped")
+        out = torch.empty_strided(entry.shape, entry.stride, dtype=entry.dtype, device=entry.device)
+        span = torch.as_strided(out, (entry.extent,), (1,), 0)
+        if self.kind == FILE_STORE:
+            cpu_span = span if entry.device.type == "cpu" else torch.empty(entry.extent, dtype=entry.dtype)
+            self._read(entry, cpu_span)
+            if cpu_span is not span:
+                span.copy_(cpu_span)
+            self._discard(key)
+        else:
+            stream = self._side_stream(entry.device)
+            stream.wait_stream(torch.cuda.current_stream(entry.device))  # out's memory is free to write
+            with torch.cuda.stream(stream):
+                stream.wait_event(entry.done)
+                span.copy_(entry.host, non_blocking=True)
+                entry.done = torch.cuda.Event()
+                entry.done.record(stream)
+            out.record_stream(stream)
+        return out
+
+    def wait(self, handle: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` (the reload of ``handle``), once its copy has landed (CUDA: the current stream
+        waits on the copy's event; the file store's reads are already done)."""
+        if self.kind == PINNED_STORE:
+            key = int(handle)
+            with self._lock:
+                entry = self.entries.pop(key, None)
+            if entry is not None:
+                torch.cuda.current_stream(tensor.device).wait_event(entry.done)
+        return tensor
+
+    # ------------------------------------------------------------------ internals
+    def _read(self, entry: _Entry, span: torch.Tensor) -> None:
+        what = f"offload file {entry.path}"
+        try:
+            size = os.path.getsize(entry.path)
+        except OSError as e:
+            raise OffloadError(f"{what} is missing ({e.strerror}); the step cannot continue without it") from e
+        if size != entry.nbytes:
+            raise OffloadError(f"{what} is corrupt: {size} bytes instead of {entry.nbytes}")
+        if entry.extent:
+            buf = span.view(torch.uint8).numpy()
+            with open(entry.path, "rb") as f:
+                got = f.readinto(memoryview(buf))
+            if got != entry.nbytes or zlib.crc32(buf) != entry.crc:
+                raise OffloadError(f"{what} is corrupt: its checksum does not match what was written")
+
+    def _discard(self, key: int) -> None:
+        with self._lock:
+            entry = self.entries.pop(key, None)
+            if entry is not None and entry.path is not None:
+                try:
+                    os.unlink(entry.path)
+                except OSError:
+                    pass
+            if not self.entries:
+                self._remove_folder()
+
+    def _remove_folder(self) -> None:  # under self._lock
+        if self._finalizer is not None:
+            self._finalizer()  # shutil.rmtree(folder, ignore_errors=True), once
+            self._finalizer = None
+        self.folder = None
+
+    def _side_stream(self, device: torch.device):
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device)
+        return self._streams[device]
+
+
+def _extent(t: torch.Tensor) -> int:
+    """Elements of the storage span ``t`` covers (its numel when dense)."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+
+
+def _store(store_id: int) -> OffloadStore:
+    store = _STORES.get(store_id)
+    if store is None:
+        raise OffloadError(f"offload store {store_id} no longer exists (its compiled graph was deleted)")
+    return store
+
+
+def offload(store_id: int, tensor: torch.Tensor) -> torch.Tensor:
+    """Copy ``tensor`` into offload store ``store_id``; return its handle (a 0-d int64 tensor).
+    The caller drops ``tensor`` right after (boxed calling convention)."""
+    return _store(store_id).offload(tensor)
+
+
+def reload(store_id: int, handle: torch.Tensor) -> torch.Tensor:
+    """The tensor behind ``handle``, with its shape, strides and dtype, on its device; raises
+    :class:`~remat.errors.OffloadError` if its file is missing or corrupt."""
+    return _store(store_id).reload(handle)
+
+
+def wait(store_id: int, handle: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` once its reload copy has landed (a no-op for the file store)."""
+    return _store(store_id).wait(handle, tensor)

@@ -6,6 +6,9 @@
   several runs, cached on disk (:mod:`remat.cost.profile`).
 * ``"unit"`` — every op costs 1 (for tests and for comparing with papers that used it).
 * a callable ``fx_node -> seconds``.
+
+Whatever the model, the offload tier's transfer costs are measured (:mod:`remat.cost.transfer`)
+and recorded in ``graph.meta["transfer"]`` by :func:`make_transfer_meta`.
 """
 
 from __future__ import annotations
@@ -43,3 +46,10 @@ def make_workspace_fn(workspace) -> Callable[[fx.Node], int] | None:
     if workspace in ("none", None):
         return None
     raise RematError(f"unknown workspace option {workspace!r}; use 'measure' or 'none'")
+
+
+def make_transfer_meta(device: torch.device | str = "cpu", store: str | None = None) -> dict:
+    """``graph.meta["transfer"]`` for ``device``: the measured (cached) costs of its offload store."""
+    from .transfer import transfer_costs
+
+    return transfer_costs(device, store).as_meta()
