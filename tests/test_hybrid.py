@@ -139,3 +139,16 @@ def test_zoo_tiny_below_recomputation_minimum(resnet_graph):
     plan = solve("hybrid", g, recompute_min - 1)
     assert plan.peak_bytes <= recompute_min - 1
     assert plan.offloaded_values
+
+
+def test_hybrid_plan_runs_with_store_all_gradients_bitwise():
+    """End to end on the CPU file store: the hybrid's smallest plan offloads, and the step's
+    gradients are bitwise those of store_all."""
+    from .models.helpers import assert_bitwise, fresh, optimized, run_step
+
+    ex = fresh("resnet")
+    ref = run_step(ex, optimized(ex, solver="store_all", cost_model="unit", cache=False), steps=2)
+    ex = fresh("resnet")
+    module = optimized(ex, solver="hybrid", budget="min", cost_model="unit", cache=False)
+    assert module.plan.solver == "hybrid" and module.plan.simulation.offloaded > 0
+    assert_bitwise(run_step(ex, module, steps=2), ref)

@@ -20,7 +20,8 @@ value is then offloaded right after its last forward use and reloaded at its pos
 3. While the plan is over the budget, take the switch that lowers (peak, bytes over the budget,
    step time) most; once it fits, the switch with the least step time among those still within the
    budget, as long as it lowers the step time. Only the ``CANDIDATES`` most promising switches
-   (by a cheap estimate) are simulated per round, and the search stops at ``time_limit``.
+   (by a cheap estimate) are simulated per round, and the search stops after
+   min(``time_limit``, ``GREEDY_TIME_LIMIT``) seconds.
 4. After a swap is taken whose reload stalls, its reload is moved as early as the budget allows
    (binary search back from the first use), if that lowers the step time.
 
@@ -40,7 +41,8 @@ from ..plan import COMPUTE, Plan
 from . import register
 
 CANDIDATES = 32  # switches simulated per round
-DEFAULT_TIME_LIMIT = 30.0
+DEFAULT_TIME_LIMIT = 30.0  # for the recomputation planners that make the start
+GREEDY_TIME_LIMIT = 10.0  # the greedy itself stops after min(time_limit, this)
 _EPS = 1e-12
 
 
@@ -334,10 +336,11 @@ def solve_hybrid(graph: Graph, budget_bytes: int | None, *, time_limit: float | 
     budget = int(budget_bytes)
     starts = _starts(graph, budget, time_limit)
     started = time.perf_counter()  # the greedy's own time limit starts after the recomputation planners
+    greedy_limit = min(time_limit, GREEDY_TIME_LIMIT)
     search = _Search(graph, budget)
     results = []
     for k, plan in enumerate(starts):
-        share = (started + time_limit - time.perf_counter()) / (len(starts) - k)
+        share = (started + greedy_limit - time.perf_counter()) / (len(starts) - k)
         fwd, bwd = plan.schedule()
         fit, small, rounds = search.refine(State(tuple(fwd), tuple(bwd), ()), time.perf_counter() + max(share, 0.0))
         results.append((fit, small, rounds, plan))
