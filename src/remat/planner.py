@@ -16,6 +16,12 @@ naming that minimum, in bytes and as a fraction; otherwise it falls back to the 
 within the budget among the fast solvers' plans at the budget and the smallest-peak plans. So
 a budget equal to the minimum it names always plans, and so does ``budget="min"``.
 
+On a graph with transfer costs (``graph.meta["transfer"]``), ``auto`` also runs the ``hybrid``
+solver (recomputation and swapping, :mod:`remat.solvers.hybrid`), starting from the recomputation
+plan it chose (:func:`recomputation_plan`), and takes its plan when recomputation alone misses the
+budget or when it predicts a shorter step (compute + stalls); the minimum it names then includes
+the hybrid's smallest plan.
+
 A named solver that misses a budget likewise falls back to its own smallest-peak plan when that
 fits, and otherwise raises with its own minimum (and the lower one ``auto`` reaches, if any).
 
@@ -44,6 +50,7 @@ MINIMUM_WHEN_INFEASIBLE = ("checkmate", "checkmate_lp")
 _CACHE: dict[tuple, Plan] = {}  # plans made
 _SMALLEST: dict[tuple, Plan] = {}  # (graph, solver, options) -> the smallest-peak plan seen
 _MINIMUM_KNOWN: set[tuple] = set()  # keys of _SMALLEST holding the solver's own minimum
+_RECOMPUTE: dict[tuple, Plan | None] = {}  # auto's recomputation-only plan per budget (hybrid's start)
 
 
 def _options_key(options: dict) -> tuple:
@@ -63,6 +70,14 @@ def clear_caches() -> None:
     _CACHE.clear()
     _SMALLEST.clear()
     _MINIMUM_KNOWN.clear()
+    _RECOMPUTE.clear()
+
+
+def uses_swaps(graph: Graph) -> bool:
+    """Whether ``auto`` also considers swapping (the ``hybrid`` solver): the graph has transfer costs."""
+    from .solvers.hybrid import has_transfer_costs
+
+    return has_transfer_costs(graph)
 
 
 def auto_candidates(graph: Graph) -> list[str]:
@@ -120,10 +135,10 @@ def solver_minimum(graph: Graph, name: str, *, time_limit: float | None = None, 
 
 
 def smallest_plan(graph: Graph, solver: str = "auto", *, time_limit: float | None = None, thorough: bool = True,
-                  **options) -> Plan:
+                  swaps: bool = True, **options) -> Plan:
     """The plan of smallest peak among those ``solver`` may return (``auto``: among every solver
-    it may use). ``thorough=False`` does not run the MILP for its minimum; it counts the MILP's
-    plans seen so far."""
+    it may use, ``hybrid`` included when the graph has transfer costs and ``swaps``).
+    ``thorough=False`` does not run the MILP for its minimum; it counts the MILP's plans seen so far."""
     if solver != "auto":
         plan = solver_minimum(graph, solver, time_limit=time_limit, **options)
         if plan is None:
@@ -139,6 +154,8 @@ def smallest_plan(graph: Graph, solver: str = "auto", *, time_limit: float | Non
             plans.append(solver_minimum(graph, name, time_limit=time_limit, **opts))
         else:  # the MILP's smallest plan seen (its minimum when it missed a budget)
             plans.append(_SMALLEST.get(_smallest_key(graph, name, opts)))
+    if swaps and uses_swaps(graph):
+        plans.append(solver_minimum(graph, "hybrid", time_limit=time_limit))
     return min((p for p in plans if p is not None), key=lambda p: (p.peak_bytes, p.compute_seconds))
 
 
@@ -186,10 +203,34 @@ def make_plan(graph: Graph, budget=None, solver: str = "auto", *, time_limit: fl
     return plan
 
 
-def _auto(graph: Graph, budget_bytes, time_limit, options, fraction) -> Plan:
+def _auto(graph: Graph, budget_bytes, time_limit, options, fraction, swaps: bool = True) -> Plan:
     store_all = store_all_plan(graph)
     if _fits(store_all, budget_bytes):  # nothing is cheaper than computing everything once
         return _for_budget(store_all, budget_bytes, **{"chosen by": "auto among store_all"})
+    if not (swaps and uses_swaps(graph)):
+        best, names = _auto_recompute(graph, budget_bytes, time_limit, options, fraction, swaps=swaps)
+        return _for_budget(best, budget_bytes, **{"chosen by": f"auto among {', '.join(names)}"})
+    try:
+        best, names = _auto_recompute(graph, budget_bytes, time_limit, options, fraction, swaps=False)
+    except InfeasibleBudgetError:  # recomputation alone cannot reach the budget
+        best, names = None, []
+    _RECOMPUTE[_cache_key(graph, budget_bytes, "auto", options)] = best
+    names = names + ["hybrid"]
+    hybrid = _run("hybrid", graph, budget_bytes, time_limit, {}, True)
+    if not _fits(hybrid, budget_bytes):  # the greedy at this budget missed: its smallest plan may fit
+        hybrid = solver_minimum(graph, "hybrid", time_limit=time_limit)
+    if _fits(hybrid, budget_bytes) and (best is None or hybrid.step_seconds < best.step_seconds):
+        best = hybrid
+    if best is None:
+        smallest = smallest_plan(graph, "auto", time_limit=time_limit, thorough=False, **options)
+        raise _infeasible(graph, budget_bytes, smallest, "auto", fraction, options)
+    return _for_budget(best, budget_bytes, **{"chosen by": f"auto among {', '.join(names)}"})
+
+
+def _auto_recompute(graph: Graph, budget_bytes, time_limit, options, fraction, swaps: bool = True):
+    """auto's choice among the recomputation solvers: (plan, solvers run); raises
+    InfeasibleBudgetError below the smallest budget any solver reaches (swapping ones included
+    when ``swaps``)."""
     names = auto_candidates(graph)
     plans = [_run(n, graph, budget_bytes, time_limit, options, True) for n in names]
     if names == ["checkmate"]:
@@ -199,8 +240,10 @@ def _auto(graph: Graph, budget_bytes, time_limit, options, fraction) -> Plan:
             plans.append(_run("hierarchical", graph, budget_bytes, time_limit, options, True))
     fitting = [p for p in plans if _fits(p, budget_bytes)]
     if not fitting:  # the first choices miss: learn the minimum, then fall back to the fast solvers
-        smallest = smallest_plan(graph, "auto", time_limit=time_limit, thorough=False, **options)
+        smallest = smallest_plan(graph, "auto", time_limit=time_limit, thorough=False, swaps=False, **options)
         if smallest.peak_bytes > budget_bytes:
+            if swaps:  # the message names the minimum over every solver
+                smallest = smallest_plan(graph, "auto", time_limit=time_limit, thorough=False, **options)
             raise _infeasible(graph, budget_bytes, smallest, "auto", fraction, options)
         for name in FAST_SOLVERS:
             if name not in names:
@@ -208,8 +251,26 @@ def _auto(graph: Graph, budget_bytes, time_limit, options, fraction) -> Plan:
                 plans.append(_run(name, graph, budget_bytes, time_limit, {}, True))
         known = _known_plans(graph, ["store_all", *auto_solvers(graph)])
         fitting = [p for p in plans + known if _fits(p, budget_bytes)]
-    best = _cheapest(fitting)
-    return _for_budget(best, budget_bytes, **{"chosen by": f"auto among {', '.join(names)}"})
+    return _cheapest(fitting), names
+
+
+def recomputation_plan(graph: Graph, budget_bytes: int, *, time_limit: float | None = None) -> Plan:
+    """The plan ``auto`` makes at ``budget_bytes`` with recomputation alone, or, below what
+    recomputation reaches, its plan of smallest peak (the ``hybrid`` solver's starting point)."""
+    time_limit = AUTO_TIME_LIMIT if time_limit is None else time_limit
+    key = _cache_key(graph, budget_bytes, "auto", {})
+    if _RECOMPUTE.get(key) is not None:
+        return _RECOMPUTE[key]
+    smallest = smallest_plan(graph, "auto", time_limit=time_limit, thorough=False, swaps=False)
+    if smallest.peak_bytes > budget_bytes:  # below what recomputation reaches: no solver needs to try
+        plan = smallest
+    else:
+        try:
+            plan = _auto(graph, budget_bytes, time_limit, {}, None, swaps=False)
+        except InfeasibleBudgetError:
+            plan = smallest
+    _RECOMPUTE[key] = plan
+    return plan
 
 
 def _named(graph: Graph, budget_bytes, solver: str, time_limit, options, fraction) -> Plan:
@@ -249,5 +310,5 @@ def _infeasible(graph: Graph, budget_bytes: int, smallest: Plan, solver: str, fr
     )
 
 
-__all__ = ["make_plan", "resolve", "smallest_plan", "solver_minimum", "store_all_plan", "auto_candidates",
+__all__ = ["make_plan", "resolve", "smallest_plan", "recomputation_plan", "uses_swaps", "solver_minimum", "store_all_plan", "auto_candidates",
            "auto_solvers", "clear_caches", "is_min"]

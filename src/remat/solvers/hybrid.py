@@ -1,0 +1,364 @@
+"""The ``hybrid`` solver: Libra's greedy refinement of a recomputation plan with swapping.
+
+A plan is kept as a *state*: the (forward, backward) node-id schedules (repeats in the backward
+are recomputations) and, for each *swapped* value, the schedule position before which it is
+reloaded. :meth:`~remat.plan.Plan.from_schedule` turns the schedules into a plan; each swapped
+value is then offloaded right after its last forward use and reloaded at its position
+(:meth:`~remat.plan.Plan.with_swaps`); the simulator judges peak and step time (compute + stalls).
+
+1. Start from the recomputation plan ``auto`` makes at the budget, or, when recomputation cannot
+   reach the budget, from its smallest-peak plan (and also from the store-all schedule, keeping
+   the better result).
+2. Candidate switches of a state:
+
+   * *swap* a value the forward saves for the backward (not a forward output); its reload goes
+     just early enough that the compute before its first backward use covers the copy;
+   * *drop a recomputation* in the backward: the recomputed values are then kept from the
+     forward and swapped, and every recomputation that only fed it is dropped too;
+   * *reload later* (only while over the budget): move a swapped value's reload past the peak.
+
+3. While the plan is over the budget, take the switch that lowers (peak, bytes over the budget,
+   step time) most; once it fits, the switch with the least step time among those still within the
+   budget, as long as it lowers the step time. Only the ``CANDIDATES`` most promising switches
+   (by a cheap estimate) are simulated per round, and the search stops after
+   min(``time_limit``, ``GREEDY_TIME_LIMIT``) seconds.
+4. After a swap is taken whose reload stalls, its reload is moved as early as the budget allows
+   (binary search back from the first use), if that lowers the step time.
+
+Returns the fitting plan of least step time, or, when none fits, the plan of smallest peak (the
+planner then reports it as this solver's minimum). Needs ``graph.meta["transfer"]``.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+from ..errors import InvalidPlanError, SolverError
+from ..graph import ACTIVATION, FORWARD, Graph
+from ..plan import COMPUTE, Plan
+from . import register
+
+CANDIDATES = 32  # switches simulated per round
+DEFAULT_TIME_LIMIT = 30.0  # for the recomputation planners that make the start
+GREEDY_TIME_LIMIT = 10.0  # the greedy itself stops after min(time_limit, this)
+_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class State:
+    forward: tuple[int, ...]
+    backward: tuple[int, ...]
+    reloads: tuple[tuple[int, int], ...]  # (value, position in forward+backward it is reloaded before), sorted
+
+    @property
+    def swapped(self) -> dict[int, int]:
+        return dict(self.reloads)
+
+
+@dataclass
+class _Eval:
+    state: State
+    plan: Plan
+    budget: int
+
+    @property
+    def peak(self) -> int:
+        return self.plan.peak_bytes
+
+    @property
+    def step(self) -> float:
+        return self.plan.step_seconds
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.budget
+
+    def key(self) -> tuple:
+        """Order while over the budget: peak, then bytes over the budget summed over the timeline."""
+        excess = sum(t - self.budget for t in self.plan.simulation.timeline if t > self.budget)
+        return (self.peak, excess, self.step)
+
+
+def has_transfer_costs(graph: Graph) -> bool:
+    t = graph.meta.get("transfer") or {}
+    return bool(t.get("d2h_bytes_per_s")) and bool(t.get("h2d_bytes_per_s"))
+
+
+class _Search:
+    """Builds and simulates states of one graph; caches the plans of schedules."""
+
+    def __init__(self, graph: Graph, budget: int):
+        self.graph, self.budget = graph, budget
+        self.h2d = float(graph.meta["transfer"]["h2d_bytes_per_s"])
+        self.forward_outputs = set(graph.forward_outputs) | set(graph.backward_outputs)
+        self._base: dict[tuple, Plan] = {}
+        self.simulations = 0
+
+    # ---------------------------------------------------------------- schedules
+    def base(self, fwd, bwd) -> Plan:
+        key = (fwd, bwd)
+        if key not in self._base:
+            if len(self._base) > 64:
+                self._base.clear()
+            self._base[key] = Plan.from_schedule(self.graph, fwd, bwd)
+            self.simulations += 1
+        return self._base[key]
+
+    def instances(self, fwd, bwd) -> dict[int, tuple[int, int]]:
+        """For each activation the forward saves for the backward: (position of its last forward
+        use, or of its computation; position of its first backward use)."""
+        seq = fwd + bwd
+        nf = len(fwd)
+        nodes, values = self.graph.nodes, self.graph.values
+        made: dict[int, int] = {}  # value -> position of its current instance
+        last_fwd: dict[int, int] = {}
+        first_bwd: dict[int, int] = {}
+        for pos, nid in enumerate(seq):
+            node = nodes[nid]
+            for v in node.inputs:
+                if v in made and made[v] < nf:  # an instance computed in the forward
+                    if pos < nf:
+                        last_fwd[v] = pos
+                    elif v not in first_bwd:
+                        first_bwd[v] = pos
+            for v in node.outputs:
+                if pos >= nf and v in made and made[v] < nf:
+                    del made[v]  # recomputed: later reads use the new instance
+                    continue
+                if pos < nf:
+                    made[v] = pos
+                    last_fwd[v] = pos
+        return {v: (last_fwd[v], q) for v, q in first_bwd.items()
+                if values[v].kind == ACTIVATION and v not in self.forward_outputs}
+
+    def reload_position(self, seq, lo: int, first_use: int, nbytes: int) -> int:
+        """The latest position whose compute up to ``first_use`` covers the reload copy (≥ lo)."""
+        need = nbytes / self.h2d
+        r, covered = first_use, 0.0
+        while r - 1 >= lo and covered < need:
+            r -= 1
+            covered += self.graph.nodes[seq[r]].cost
+        return r
+
+    # ---------------------------------------------------------------- building
+    def build(self, state: State) -> _Eval | None:
+        """The state's plan, simulated; None when the simulator rejects it."""
+        try:
+            base = self.base(state.forward, state.backward)
+            if not state.reloads:
+                return _Eval(state, base, self.budget)
+            info = self.instances(state.forward, state.backward)
+            computes = [i for i, ins in enumerate(base.instructions) if ins.kind == COMPUTE]
+            n_ins = len(base.instructions)
+            offload_after, reload_before = {}, {}
+            for v, r in state.reloads:
+                if v not in info:
+                    return None
+                last, first = info[v]
+                if not last < r <= first:
+                    return None
+                offload_after[v] = (computes[last + 1] if last + 1 < len(computes) else n_ins) - 1
+                reload_before[v] = computes[r]
+            plan = base.with_swaps(offload_after, reload_before)
+            self.simulations += 1
+        except InvalidPlanError:
+            return None
+        return _Eval(state, plan, self.budget)
+
+    # ---------------------------------------------------------------- switches
+    def swap(self, state: State, v: int, info) -> State:
+        seq = state.forward + state.backward
+        last, first = info[v]
+        r = self.reload_position(seq, last + 1, first, self.graph.values[v].bytes)
+        return State(state.forward, state.backward, tuple(sorted(state.reloads + ((v, r),))))
+
+    def drop(self, state: State, j: int) -> State | None:
+        """``state`` without the backward computation at position ``j`` and the recomputations that
+        only fed it; the values it recomputed are swapped instead."""
+        nf = len(state.forward)
+        bwd = list(state.backward)
+        removed = {j}
+        nodes = self.graph.nodes
+        needed: set[int] = set()  # values read later, before their next computation
+        for k in range(len(bwd) - 1, -1, -1):
+            pos = nf + k
+            if pos in removed:
+                continue
+            node = nodes[bwd[k]]
+            if node.phase == FORWARD and not any(v in needed or v in self.forward_outputs for v in node.outputs):
+                removed.add(pos)
+                continue
+            needed.difference_update(node.outputs)
+            needed.update(node.inputs)
+        new_bwd = tuple(nid for k, nid in enumerate(bwd) if nf + k not in removed)
+        cut = sorted(removed)
+
+        def shift(r: int) -> int:
+            return r - sum(1 for x in cut if x < r)
+
+        reloads = {v: shift(r) for v, r in state.reloads}
+        info = self.instances(state.forward, new_bwd)
+        old_seq, seq = state.forward + state.backward, state.forward + new_bwd
+        for pos in cut:
+            for v in nodes[old_seq[pos]].outputs:
+                if v in info and v not in reloads:
+                    last, first = info[v]
+                    reloads[v] = self.reload_position(seq, last + 1, first, self.graph.values[v].bytes)
+        return State(state.forward, new_bwd, tuple(sorted(reloads.items())))
+
+    def candidates(self, ev: _Eval) -> list[tuple[float, str, int]]:
+        """(estimated gain, kind, target) of the switches worth simulating, best first."""
+        state, graph = ev.state, self.graph
+        nf = len(state.forward)
+        seq = state.forward + state.backward
+        info = self.instances(state.forward, state.backward)
+        swapped = state.swapped
+        out: list[tuple[float, str, int]] = []
+        if not ev.fits:
+            ins = ev.plan.instructions
+            peak_pos = sum(1 for x in ins[: ev.plan.simulation.peak_index + 1] if x.kind == COMPUTE) - 1
+            for v, (last, first) in info.items():
+                if v in swapped:
+                    if swapped[v] <= peak_pos < first:
+                        out.append((graph.values[v].bytes, "later", v))
+                elif last < peak_pos < first:
+                    out.append((graph.values[v].bytes, "swap", v))
+            recomputed = [pos for pos in range(nf, len(seq)) if graph.nodes[seq[pos]].phase == FORWARD]
+            near = sorted(recomputed, key=lambda p: abs(p - peak_pos))[: CANDIDATES // 4]
+            out.extend((0.0, "drop", p) for p in near)
+        else:
+            for pos in range(nf, len(seq)):
+                node = graph.nodes[seq[pos]]
+                if node.phase == FORWARD:
+                    out.append((node.cost, "drop", pos))
+        out.sort(key=lambda c: -c[0])
+        return out[:CANDIDATES]
+
+    def apply(self, state: State, kind: str, target: int, peak_pos: int | None = None) -> State | None:
+        if kind == "swap":
+            return self.swap(state, target, self.instances(state.forward, state.backward))
+        if kind == "drop":
+            return self.drop(state, target)
+        # "later": reload right after the peak position
+        reloads = dict(state.reloads)
+        reloads[target] = peak_pos + 1
+        return State(state.forward, state.backward, tuple(sorted(reloads.items())))
+
+    def prefetch(self, ev: _Eval, v: int) -> _Eval:
+        """Move ``v``'s reload as early as the budget allows, if that lowers the step time."""
+        if ev.plan.simulation.stall_seconds <= 0:
+            return ev
+        info = self.instances(ev.state.forward, ev.state.backward)
+        if v not in info:
+            return ev
+        lo, hi = info[v][0] + 1, ev.state.swapped[v]  # find the earliest r in [lo, hi) within the bound
+        bound = max(self.budget, ev.peak)
+        best = ev
+        while lo < hi:
+            mid = (lo + hi) // 2
+            reloads = dict(ev.state.reloads)
+            reloads[v] = mid
+            trial = self.build(State(ev.state.forward, ev.state.backward, tuple(sorted(reloads.items()))))
+            if trial is not None and trial.peak <= bound:
+                if trial.step < best.step - _EPS:
+                    best = trial
+                hi = mid
+            else:
+                lo = mid + 1
+        return best
+
+    # ---------------------------------------------------------------- the greedy
+    def refine(self, start: State, deadline: float) -> tuple[_Eval, _Eval, int]:
+        """(best fitting evaluation or None, smallest-peak evaluation, rounds)."""
+        cur = self.build(start)
+        if cur is None:
+            raise SolverError("hybrid: the starting schedule does not simulate")
+        best_fit = cur if cur.fits else None
+        smallest = cur
+        rounds = 0
+        while time.perf_counter() < deadline:
+            rounds += 1
+            ins = cur.plan.instructions
+            peak_pos = sum(1 for x in ins[: cur.plan.simulation.peak_index + 1] if x.kind == COMPUTE) - 1
+            choice = None
+            for _, kind, target in self.candidates(cur):
+                if time.perf_counter() >= deadline:
+                    break
+                state = self.apply(cur.state, kind, target, peak_pos)
+                trial = None if state is None else self.build(state)
+                if trial is None:
+                    continue
+                if cur.fits:
+                    ok = trial.fits and trial.step < cur.step - _EPS
+                    better = choice is None or (trial.step, trial.peak) < (choice[0].step, choice[0].peak)
+                else:
+                    ok = trial.key() < cur.key()
+                    better = choice is None or trial.key() < choice[0].key()
+                if ok and better:
+                    choice = (trial, kind, target)
+            if choice is None:
+                break
+            trial, kind, target = choice
+            if kind == "swap":
+                trial = self.prefetch(trial, target)
+            cur = trial
+            if cur.fits and (best_fit is None or cur.step < best_fit.step):
+                best_fit = cur
+            if cur.key() < smallest.key():
+                smallest = cur
+        return best_fit, smallest, rounds
+
+
+def _starts(graph: Graph, budget: int, time_limit: float) -> list[Plan]:
+    """The recomputation plan auto makes at the budget, or its smallest plan plus store-all."""
+    from ..planner import recomputation_plan, store_all_plan
+
+    plan = recomputation_plan(graph, budget, time_limit=time_limit)
+    if plan.peak_bytes <= budget:
+        return [plan]
+    return [plan, store_all_plan(graph)]
+
+
+@register("hybrid")
+def solve_hybrid(graph: Graph, budget_bytes: int | None, *, time_limit: float | None = None, **options) -> Plan:
+    """Recomputation and swapping together: Libra's greedy (see the module docstring)."""
+    if options:
+        raise SolverError(f"hybrid takes no options, got {sorted(options)}")
+    if not has_transfer_costs(graph):
+        raise SolverError(f"hybrid needs transfer costs (graph.meta['transfer']) on {graph.name!r}")
+    from ..planner import store_all_plan
+
+    if budget_bytes is None:  # no limit: nothing beats computing everything once
+        return copy.copy(store_all_plan(graph))
+    time_limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
+    budget = int(budget_bytes)
+    starts = _starts(graph, budget, time_limit)
+    started = time.perf_counter()  # the greedy's own time limit starts after the recomputation planners
+    greedy_limit = min(time_limit, GREEDY_TIME_LIMIT)
+    search = _Search(graph, budget)
+    results = []
+    for k, plan in enumerate(starts):
+        share = (started + greedy_limit - time.perf_counter()) / (len(starts) - k)
+        fwd, bwd = plan.schedule()
+        fit, small, rounds = search.refine(State(tuple(fwd), tuple(bwd), ()), time.perf_counter() + max(share, 0.0))
+        results.append((fit, small, rounds, plan))
+    fitting = [r for r in results if r[0] is not None]
+    if fitting:
+        fit, _, rounds, start = min(fitting, key=lambda r: (r[0].step, r[0].peak))
+        chosen = fit
+    else:
+        _, chosen, rounds, start = min(results, key=lambda r: r[1].key())
+    plan = chosen.plan
+    plan.solver = "hybrid"
+    plan.info = {
+        "start": f"{start.solver or '?'} (peak {start.peak_bytes} bytes, compute {start.compute_seconds:.6g} s)",
+        "swapped": len(chosen.state.reloads),
+        "greedy rounds": rounds,
+        "simulations": search.simulations,
+    }
+    return plan
+
+
+__all__ = ["solve_hybrid", "has_transfer_costs", "State"]

@@ -1,0 +1,154 @@
+"""The hybrid solver (recomputation + swapping, Libra's greedy) and its use by ``auto``.
+
+Hand-built graphs carry their own transfer costs (graph.meta["transfer"]), so nothing here
+depends on measured bandwidths."""
+
+from __future__ import annotations
+
+import pytest
+
+import remat
+from remat import zoo
+from remat.errors import InfeasibleBudgetError, SolverError
+from remat.graph import Graph, GraphBuilder
+from remat.plan import OFFLOAD, RELOAD
+from remat.planner import clear_caches, make_plan, recomputation_plan, smallest_plan
+from remat.solvers import solve
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    clear_caches()
+    yield
+    clear_caches()
+
+
+def chain(n=6, act=100, cost=1.0, bandwidth=1000.0, pinned_forward=False) -> Graph:
+    """x -> f0 -> ... -> f{n-1} -> loss, each f_i's backward reading its input.
+    ``pinned_forward``: every forward node reads an input the step mutates (as batch norm does),
+    so recomputation cannot run it again and must keep every activation."""
+    b = GraphBuilder("chain")
+    hs = [b.input("x", 10)]
+    for i in range(n):
+        hs += b.op(f"f{i}", [hs[-1]], [act], cost=cost)
+    (loss,) = b.op("loss", [hs[-1]], [4], cost=cost)
+    (g,) = b.op("loss_bwd", [b.tangent("dloss", 4), hs[-1]], [act], phase="backward", cost=cost)
+    for i in range(n - 1, -1, -1):
+        (g,) = b.op(f"f{i}_bwd", [g, hs[i]] if i else [g], [act if i else 10], phase="backward", cost=2 * cost)
+    meta = {"transfer": {"d2h_bytes_per_s": bandwidth, "h2d_bytes_per_s": bandwidth}}
+    graph = b.build(forward_outputs=[loss], backward_outputs=[g], meta=meta)
+    if pinned_forward:
+        meta["no_backward_recompute"] = [n.id for n in graph.forward_nodes]
+        graph = Graph(graph.nodes, graph.values, graph.forward_outputs, graph.backward_outputs, graph.name, meta)
+    return graph
+
+
+def without_transfer(graph: Graph) -> Graph:
+    meta = {k: v for k, v in graph.meta.items() if k != "transfer"}
+    return Graph(graph.nodes, graph.values, graph.forward_outputs, graph.backward_outputs, graph.name, meta)
+
+
+def test_reaches_below_what_recomputation_can():
+    g = chain(pinned_forward=True)
+    recompute_min = smallest_plan(g, swaps=False).peak_bytes
+    assert recompute_min == solve("store_all", g, None).peak_bytes  # nothing can be recomputed
+    plan = solve("hybrid", g, 0)  # its smallest plan
+    assert plan.peak_bytes < 0.5 * recompute_min
+    assert plan.offloaded_values and plan.step_seconds >= plan.compute_seconds
+    kinds = {ins.kind for ins in plan.instructions}
+    assert OFFLOAD in kinds and RELOAD in kinds
+    # at a budget between the two, the plan fits
+    budget = (plan.peak_bytes + recompute_min) // 2
+    mid = solve("hybrid", g, budget)
+    assert mid.peak_bytes <= budget
+
+
+def test_auto_uses_hybrid_below_recomputation_and_names_its_minimum():
+    g = chain(pinned_forward=True)
+    recompute_min = smallest_plan(g, swaps=False).peak_bytes
+    hybrid_min = smallest_plan(g).peak_bytes
+    assert hybrid_min < recompute_min
+    plan = make_plan(g, recompute_min - 1)
+    assert plan.solver == "hybrid" and plan.peak_bytes <= recompute_min - 1
+    with pytest.raises(InfeasibleBudgetError) as e:
+        make_plan(g, hybrid_min - 1)
+    assert e.value.min_budget_bytes == hybrid_min
+    assert make_plan(g, e.value.min_budget_bytes).peak_bytes <= hybrid_min  # the minimum named plans
+    assert make_plan(g, "min").peak_bytes == hybrid_min
+    # without transfer costs, auto knows only recomputation
+    plain = without_transfer(g)
+    with pytest.raises(InfeasibleBudgetError) as e:
+        make_plan(plain, recompute_min - 1)
+    assert e.value.min_budget_bytes == recompute_min
+    with pytest.raises(SolverError):
+        solve("hybrid", plain, recompute_min)
+
+
+@pytest.mark.parametrize("bandwidth", [1.0, 1000.0, 1e6])
+def test_never_slower_than_its_start_when_that_fits(bandwidth):
+    g = chain(n=8, bandwidth=bandwidth)
+    store = solve("store_all", g, None).peak_bytes
+    low = smallest_plan(g, swaps=False).peak_bytes
+    for budget in (low, (low + store) // 2, store - 1):
+        start = recomputation_plan(g, budget)
+        assert start.peak_bytes <= budget
+        plan = solve("hybrid", g, budget)
+        assert plan.peak_bytes <= budget
+        assert plan.step_seconds <= start.step_seconds + 1e-12
+
+
+def test_auto_picks_hybrid_only_when_faster():
+    store_peak = solve("store_all", chain(n=8), None).peak_bytes
+    budget = int(0.6 * store_peak)
+    # copies far slower than compute: swapping only stalls, recomputation stays
+    slow = chain(n=8, bandwidth=1.0)
+    plan = make_plan(slow, budget)
+    assert plan.solver != "hybrid"
+    assert plan.step_seconds == recomputation_plan(slow, budget).step_seconds
+    # copies nearly free: moving a value out and back beats recomputing it
+    clear_caches()
+    fast = chain(n=8, bandwidth=1e9)
+    start = recomputation_plan(fast, budget)
+    assert start.recomputations > 0
+    plan = make_plan(fast, budget)
+    assert plan.solver == "hybrid" and plan.peak_bytes <= budget
+    assert plan.step_seconds < start.step_seconds
+    assert "hybrid" in plan.info["chosen by"]
+    # a graph without transfer costs never gets it
+    clear_caches()
+    assert make_plan(without_transfer(fast), budget).solver != "hybrid"
+
+
+def test_no_budget_is_store_all():
+    g = chain()
+    plan = solve("hybrid", g, None)
+    assert plan.peak_bytes == solve("store_all", g, None).peak_bytes and not plan.offloaded_values
+
+
+@pytest.fixture(scope="module")
+def resnet_graph():
+    ex = zoo.build("resnet", size="tiny")
+    g = remat.plan(ex.model, *ex.args, solver="store_all", **ex.kwargs).graph
+    meta = {**g.meta, "transfer": {"d2h_bytes_per_s": 5e9, "h2d_bytes_per_s": 5e9}}
+    return Graph(g.nodes, g.values, g.forward_outputs, g.backward_outputs, g.name, meta)
+
+
+def test_zoo_tiny_below_recomputation_minimum(resnet_graph):
+    g = resnet_graph
+    recompute_min = smallest_plan(g, thorough=False, swaps=False).peak_bytes
+    plan = solve("hybrid", g, recompute_min - 1)
+    assert plan.peak_bytes <= recompute_min - 1
+    assert plan.offloaded_values
+
+
+def test_hybrid_plan_runs_with_store_all_gradients_bitwise():
+    """End to end on the CPU file store: the hybrid's smallest plan offloads, and the step's
+    gradients are bitwise those of store_all."""
+    from .models.helpers import assert_bitwise, fresh, optimized, run_step
+
+    ex = fresh("resnet")
+    ref = run_step(ex, optimized(ex, solver="store_all", cost_model="unit", cache=False), steps=2)
+    ex = fresh("resnet")
+    module = optimized(ex, solver="hybrid", budget="min", cost_model="unit", cache=False)
+    assert module.plan.solver == "hybrid" and module.plan.simulation.offloaded > 0
+    assert_bitwise(run_step(ex, module, steps=2), ref)
