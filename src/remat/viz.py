@@ -46,10 +46,14 @@ SUPPORTED_SUFFIXES = (".png", ".svg", ".pdf")
 EMPTY, KEPT, COMPUTED, RECOMPUTED = 0, 1, 2, 3
 
 
-def _figure(figsize=(9, 4.5)):
+def _figure_and_axes(ax, figsize=(9, 4.5)):
+    """``ax``'s figure, or a new figure (no pyplot state) with one axes."""
+    if ax is not None:
+        return ax.figure, ax
     from matplotlib.figure import Figure
 
-    return Figure(figsize=figsize, layout="constrained")
+    fig = Figure(figsize=figsize, layout="constrained")
+    return fig, fig.add_subplot()
 
 
 def _save(fig, path: str | os.PathLike | None) -> None:
@@ -105,11 +109,7 @@ def plot_timeline(plan: Plan, path: str | os.PathLike | None = None, *, measured
     height are comparable). ``name`` (default: the graph's) starts the default title. Returns
     the figure.
     """
-    if ax is None:
-        fig = _figure()
-        ax = fig.add_subplot()
-    else:
-        fig = ax.figure
+    fig, ax = _figure_and_axes(ax)
     sim = plan.simulation
     peak, series = _measured_parts(measured)
     top = max(sim.peak_bytes, plan.budget_bytes or 0, peak or 0)
@@ -209,11 +209,7 @@ def plot_schedule(plan: Plan, path: str | os.PathLike | None = None, *, max_pixe
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    if ax is None:
-        fig = _figure(figsize=(7.5, 7))
-        ax = fig.add_subplot()
-    else:
-        fig = ax.figure
+    fig, ax = _figure_and_axes(ax, figsize=(7.5, 7))
     matrix = schedule_matrix(plan)
     shown, fr, fc = _binned(matrix, max_pixels)
     colors = ["white", "#b9c7d9", "tab:blue", "tab:red"]
@@ -269,11 +265,7 @@ def plot_pareto(front: Mapping[str, Sequence[Plan | None]], path: str | os.PathL
     With the store-everything peak known (``front.store_all_peak``) it is marked as a vertical
     line. Returns the figure.
     """
-    if ax is None:
-        fig = _figure(figsize=(8, 4.5))
-        ax = fig.add_subplot()
-    else:
-        fig = ax.figure
+    fig, ax = _figure_and_axes(ax, figsize=(8, 4.5))
     budgets = list(budgets if budgets is not None else getattr(front, "budgets", []))
     if store_all_peak is None:
         store_all_peak = getattr(front, "store_all_peak", None)

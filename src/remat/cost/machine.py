@@ -170,13 +170,24 @@ def key_hash(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _load(path: Path, key: dict) -> Roofline | None:
+def read_json_entry(path, key: dict, field: str):
+    """``data[field]`` of the JSON cache file at ``path`` if it parses and was written for
+    ``key``; else None (a missing, corrupt or stale file is simply measured again)."""
     try:
         with open(path) as f:
             data = json.load(f)
-        if data.get("key") != key:
-            return None
-        r = data["roofline"]
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("key") != key:
+        return None
+    return data.get(field)
+
+
+def _load(path: Path, key: dict) -> Roofline | None:
+    r = read_json_entry(path, key, "roofline")
+    if r is None:
+        return None
+    try:
         roofline = Roofline(
             flops_per_second=float(r["flops_per_second"]),
             bytes_per_second=float(r["bytes_per_second"]),

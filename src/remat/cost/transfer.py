@@ -85,14 +85,10 @@ def transfer_costs(device: torch.device | str = "cpu", store: str | None = None,
 
 
 def _load(path, key) -> TransferCosts | None:
-    import json
-
+    t = machine.read_json_entry(path, key, "transfer")
+    if t is None:
+        return None
     try:
-        with open(path) as f:
-            data = json.load(f)
-        if data.get("key") != key:
-            return None
-        t = data["transfer"]
         costs = TransferCosts(float(t["d2h_bytes_per_s"]), float(t["h2d_bytes_per_s"]), float(t["latency_s"]),
                               bool(t["overlap"]), str(t["store"]))
     except (OSError, ValueError, KeyError, TypeError):
