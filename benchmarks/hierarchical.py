@@ -44,7 +44,6 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no compile worker
 import argparse  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import types  # noqa: E402
@@ -63,6 +62,7 @@ from remat.errors import InfeasibleBudgetError, SolverError  # noqa: E402
 from remat.measure import peak_memory_growth  # noqa: E402
 from remat.planner import make_plan  # noqa: E402
 from remat.solvers import solve  # noqa: E402
+from provenance import git_revision  # noqa: E402  (this folder is on the path)
 
 MiB = 2**20
 BIG = dict(n_layer=12, n_embd=768, n_head=12, vocab=50257, positions=1024, batch=4, seq=512)
@@ -586,20 +586,6 @@ NOTES = """## Notes
 - **Model size.** Sections 2–3 use an 8-layer model, a chain of blocks like the 12-layer model of section 1
   that still runs a step in well under a second on one core.
 """
-
-
-def git_revision() -> str:
-    """The commit the run used, and whether src/ had uncommitted changes (read-only git calls)."""
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
-
-    try:
-        rev, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "src")
-    except OSError:
-        return "unknown"
-    return f"{rev}{' with uncommitted changes in src/' if dirty else ''}"
 
 
 def header_md(argv: list[str], revision: str) -> list[str]:

@@ -40,9 +40,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -60,6 +58,7 @@ from remat import zoo  # noqa: E402
 from remat.budget import fixed_bytes  # noqa: E402
 from remat.errors import InfeasibleBudgetError, RematError  # noqa: E402
 from remat.measure import peak_memory_growth  # noqa: E402
+from provenance import git_revision, machine_facts  # noqa: E402  (this folder is on the path)
 
 MiB = 2**20
 CNN = "resnet18"
@@ -263,26 +262,6 @@ def model_run(name: str, size: str, rounds: int, cap: str, start: int) -> dict:
     batches = batch_searches(name, size, cap, start)
     return dict(name=name, cap=cap, graph=graph, capture_s=capture_s, mins=mins, floor=op_floor(graph),
                 transfer=graph.meta.get("transfer"), **ex_run, batches=batches)
-
-
-def git_commit() -> str:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=HERE.parent, capture_output=True,
-                               text=True).stdout.strip()
-        return rev + (" with uncommitted changes in src/" if dirty else "")
-    except OSError:
-        return "?"
-
-
-def machine_facts() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return (f"{cpu}, {os.cpu_count()} cores visible, torch {torch.__version__} with {torch.get_num_threads()} "
-            f"thread(s) (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}), Python {platform.python_version()}")
 
 
 def section1_md(runs: list[dict]) -> list[str]:
@@ -490,7 +469,7 @@ def main() -> None:
     lines = [
         "# Recomputation vs the hybrid planner (recomputation + offloading), CPU",
         "",
-        f"Made by `benchmarks/hybrid.py` (remat at commit {git_commit()}, {started}) on {machine_facts()}. "
+        f"Made by `benchmarks/hybrid.py` (remat at commit {git_revision()}, {started}) on {machine_facts()}. "
         f"Models: zoo `gpt2` and `{CNN}`, size `{size}` (`{CNN}` as the CNN: capture and every planner finish in "
         "seconds on it (as on `vgg11` and `unet`), and it is the zoo's standard CNN). "
         f"The machine was **shared with other jobs** while this ran (load average {load_before[0]:.1f} before, "

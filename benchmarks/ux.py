@@ -25,13 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from provenance import git_revision, machine_facts  # this folder is on the path
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -125,29 +126,6 @@ def best(result, method):
     return next((t for t in result.tries if t.method == method and t.batch == size and t.fits), None)
 
 
-def machine_facts() -> str:
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    import transformers
-
-    return (f"{cpu}, {os.cpu_count()} cores visible, torch {torch.__version__} with {torch.get_num_threads()} "
-            f"thread(s) (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}), Python "
-            f"{platform.python_version()}, transformers {transformers.__version__}")
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
-                              text=True).stdout.strip()
-    except OSError:
-        return "?"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
@@ -181,12 +159,12 @@ def main() -> None:
     lines = [
         "# Plan cache and max batch size",
         "",
-        f"Made by `benchmarks/ux.py` (remat at commit {git_commit()}, {started}) on {machine_facts()}.",
+        f"Made by `benchmarks/ux.py` (remat at commit {git_revision()}, {started}) on {machine_facts()}.",
         f"The machine was **shared with other jobs** while this ran (load average {load_before[0]:.1f} before, "
         f"{load_after[0]:.1f} after, on {os.cpu_count()} cores): absolute times are inflated and noisy; the "
         "cold/warm pairs ran back to back, so their ratios are the figures to read.",
         "",
-        f"## 1. Plan cache: `remat.optimize` of GPT-2 (zoo `gpt2`, size `small`), cold vs warm",
+        "## 1. Plan cache: `remat.optimize` of GPT-2 (zoo `gpt2`, size `small`), cold vs warm",
         "",
         f"`remat.optimize(model, **inputs, budget={BUDGET})` (solver `auto`) in a fresh process each time; "
         f"cold = empty plan cache, warm = the cache the cold run just filled. The joint graph has {s['nodes']} "
