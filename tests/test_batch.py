@@ -171,3 +171,12 @@ def test_bad_arguments():
         remat.max_batch_size(make_model, make_batch, "1GiB", start=0)
     with pytest.raises(remat.RematError):
         remat.max_batch_size(make_model, make_batch, "lots")
+
+
+def test_a_step_that_fails_for_another_reason_is_a_clear_error():
+    """BatchNorm cannot train on one sample: the search stops with advice, not Dynamo's traceback."""
+    def bn_model() -> nn.Module:
+        return nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))
+
+    with pytest.raises(BatchSearchError, match="start the search at a larger batch"):
+        remat.max_batch_size(bn_model, lambda n: torch.randn(n, 8), "1MiB", start=1, compare_plain=False)

@@ -217,9 +217,19 @@ def _try_batch(method, n, make_model, make_batch, limit, solver, loss_fn, dev, o
     """Run one try; returns (BatchTry, plan or None). Never raises for out-of-memory."""
     try:
         return _run_try(method, n, make_model, make_batch, limit, solver, loss_fn, dev, optimize_options)
+    except RematError:
+        raise  # remat's own errors already say what to do
     except Exception as err:  # noqa: BLE001 - only out-of-memory is swallowed
         if not _is_oom(err):
-            raise
+            root = err
+            while root.__cause__ is not None:  # Dynamo wraps the model's own error
+                root = root.__cause__
+            raise BatchSearchError(
+                f"the training step fails at batch {n} ({method}), for a reason other than memory: "
+                f"{type(root).__name__}: {_first_line(root)} -- if the model cannot run this batch size "
+                "(BatchNorm needs more than one value per channel in training), start the search at a "
+                "larger batch (start=, or --start on the command line)"
+            ) from err
         reason = f"out of memory: {_first_line(err)}"
     return BatchTry(method, n, False, None, reason), None
 

@@ -616,7 +616,8 @@ def build_parser() -> argparse.ArgumentParser:
     maxbatch.add_argument("--solver", default="auto", help="auto (default) or one of remat.available_solvers()")
     maxbatch.add_argument("--cost-model", default="flops", choices=["flops", "profile", "unit"])
     maxbatch.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    maxbatch.add_argument("--start", type=int, default=1, help="first batch size tried (default 1)")
+    maxbatch.add_argument("--start", type=int, default=2,
+                          help="first batch size tried (default 2: BatchNorm cannot train on one sample)")
     maxbatch.add_argument("--max-batch", type=int, default=None, help="never try a larger batch")
     maxbatch.add_argument("--no-plain", action="store_true", help="skip the plain PyTorch comparison")
     maxbatch.add_argument("--save", metavar="PLAN.json", help="write the plan of the largest batch as JSON")
