@@ -108,8 +108,9 @@ def test_other_errors_propagate():
     def bad_batch(n):
         raise KeyError("not an OOM")
 
-    with pytest.raises(KeyError):
+    with pytest.raises(BatchSearchError, match="not an OOM") as info:  # not counted as "does not fit"
         remat.max_batch_size(make_model, bad_batch, "1GiB", solver="chen_sqrt")
+    assert isinstance(info.value.__cause__, KeyError)
 
 
 def test_limit_below_batch_one_gives_zero():
