@@ -102,7 +102,7 @@ def test_capture_error_names_the_users_file_line_and_source(model, source):
 
 def test_remat_errors_through_torch_compile_are_remats_own():
     ex = zoo.build("mlp", size="tiny")
-    compiled = torch.compile(ex.model, backend="remat", options={"budget": 10})
+    compiled = torch.compile(ex.model, backend="remat", dynamic=False, options={"budget": 10})
     with pytest.raises(remat.InfeasibleBudgetError) as info:
         ex.loss(compiled(*ex.args, **ex.kwargs)).backward()
     err = info.value
@@ -147,7 +147,7 @@ def test_registered_backend_runs_the_plan():
     ex = zoo.build("cnn_bn", size="tiny")
     ref = run_step(ex, remat.optimize(ex.model, *ex.args, solver="chen_sqrt"))
     ex2 = zoo.build("cnn_bn", size="tiny")
-    compiled = torch.compile(ex2.model, backend="remat", options={"budget": 1.0, "solver": "chen_sqrt"})
+    compiled = torch.compile(ex2.model, backend="remat", dynamic=False, options={"budget": 1.0, "solver": "chen_sqrt"})
     got = run_step(ex2, compiled)
     got.grads = {k.removeprefix("_orig_mod."): v for k, v in got.grads.items()}
     got.buffers = {k.removeprefix("_orig_mod."): v for k, v in got.buffers.items()}

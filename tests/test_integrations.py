@@ -57,7 +57,7 @@ def test_compile_backend_trains_like_eager():
     ref_grads, ref_params = train(ref, ref, x, y)
     model, plans = make_net(), []
     options = {"budget": budget_between(model, x), "on_plan": lambda plan, capture: plans.append(plan)}
-    got_grads, got_params = train(torch.compile(model, backend="remat", options=options), model, x, y)
+    got_grads, got_params = train(torch.compile(model, backend="remat", dynamic=False, options=options), model, x, y)
     assert len(plans) == 1 and plans[0].recomputations > 0 and plans[0].peak_bytes <= options["budget"]
     for k in ref_grads:  # the same ops in the same order, some run twice: equal up to rounding
         torch.testing.assert_close(got_grads[k], ref_grads[k], rtol=1e-6, atol=1e-7)
@@ -94,14 +94,14 @@ def test_compile_backend_reads_the_environment(monkeypatch):
     budget = f"{budget_between(model, x)}B"
     monkeypatch.setenv("REMAT_BUDGET", budget)
     monkeypatch.setenv("REMAT_SOLVER", "chen_sqrt")
-    compiled = torch.compile(model, backend="remat", options={"on_plan": lambda plan, capture: plans.append(plan)})
+    compiled = torch.compile(model, backend="remat", dynamic=False, options={"on_plan": lambda plan, capture: plans.append(plan)})
     ((compiled(x) - y) ** 2).mean().backward()
     assert [(p.solver, p.budget_bytes) for p in plans] == [("chen_sqrt", parse_size(budget))]
     assert plans[0].recomputations > 0
 
     monkeypatch.setenv("REMAT_BUDGET", "lots")
     with pytest.raises(Exception, match="REMAT_BUDGET"):
-        torch.compile(make_net(), backend="remat")(x)
+        torch.compile(make_net(), backend="remat", dynamic=False)(x)
 
 
 # --------------------------------------------------------------------------- Hugging Face Trainer
