@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from .budget import parse_size
-from .cost.machine import cache_dir, write_json_atomic
+from .cost.machine import cache_dir, key_hash, read_json_entry, write_json_atomic
 from .errors import RematError
 from .graph import Graph
 from .plan import Plan
@@ -113,20 +113,18 @@ def cache_key(graph: Graph, budget, solver: str, *, cost_model: Any = "flops", t
 
 
 def entry_path(key: dict) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return plan_cache_dir() / f"{key['structure']}-{digest}.json"
+    return plan_cache_dir() / f"{key['structure']}-{key_hash(key)}.json"
 
 
 def lookup(graph: Graph, key: dict) -> Plan | None:
     """The cached plan for ``key`` over ``graph``, or ``None`` (absent, unreadable, stale or invalid)."""
     path = entry_path(key)
+    stored = read_json_entry(path, key, "plan")  # None: absent, damaged, or written for another key
+    if stored is None:
+        return None
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        if not isinstance(data, dict) or data.get("key") != key:
-            return None  # another request hashed alike, another version, or a damaged key
-        plan = Plan.from_dict(data["plan"], graph, source=str(path))  # re-simulated on the live graph
-    except (OSError, ValueError, KeyError, TypeError, RematError):
+        plan = Plan.from_dict(stored, graph, source=str(path))  # re-simulated on the live graph
+    except (ValueError, KeyError, TypeError, RematError):
         return None
     requested = key["budget"]
     if plan.budget_bytes is not None and plan.peak_bytes > plan.budget_bytes:
