@@ -9,7 +9,8 @@
 from . import backend as _backend  # noqa: F401  (registers the "remat" torch.compile backend)
 from . import integrations as _integrations
 from .batch import BatchTry, MaxBatchResult, max_batch_size
-from .api import ParetoFront, RematModule, capture_and_plan, optimize, pareto, plan
+from .api import ParetoFront, RematModule, capture_and_plan, compile, optimize, pareto, plan
+from .inductor import partitioner
 from .errors import CaptureError, InfeasibleBudgetError, InvalidPlanError, RematError, SolverError, SolverTimeLimitWarning
 from .errors import NotTrainingWarning, UnsupportedWrappingError
 from .graph import Graph
@@ -19,6 +20,8 @@ from .solvers import available as available_solvers
 
 __all__ = [
     "optimize",
+    "compile",
+    "partitioner",
     "plan",
     "pareto",
     "max_batch_size",

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .backend import remat_backend
+from .backend import BackendOptions, remat_backend
 from .capture import Capture
 from .errors import CaptureError, InfeasibleBudgetError, NotTrainingWarning, RematError, SolverError
 from .integrations import check_unwrapped
@@ -117,6 +117,7 @@ def _warn_if_not_training(model: nn.Module) -> None:
         )
 
 
+COMPILERS = ("eager", "inductor")  # how a plan runs: remat's unfused ATen lowering, or Inductor's kernels
 _entry_count = itertools.count()
 RECOMPILE_LIMIT = 64  # distinct input shapes one RematModule plans for
 
@@ -174,8 +175,11 @@ class RematModule(nn.Module):
     most recent capture (a new input shape makes a new capture and plan).
     """
 
-    def __init__(self, model: nn.Module, options: dict):
+    def __init__(self, model: nn.Module, options: dict, *, compiler: str = "eager", mode: str | None = None,
+                 inductor_options: dict | None = None, compile_kwargs: dict | None = None):
         check_unwrapped(model)
+        if compiler not in COMPILERS:
+            raise ValueError(f"compiler must be one of {COMPILERS}, got {compiler!r}")
         super().__init__()
         object.__setattr__(self, "_remat_original", model)
         object.__setattr__(self, "_modules", model._modules)
@@ -188,7 +192,27 @@ class RematModule(nn.Module):
         # weakly: torch.compile keeps every backend (and so these options) until torch._dynamo.reset(),
         # which would keep this module, and the model's parameters, alive for the life of the process
         options["on_plan"] = _WeakCallback(self._record)
-        object.__setattr__(self, "_remat_compiled", _compile(model, options))
+        self._remat_compiler = compiler
+        object.__setattr__(self, "_remat_partitioner", None)
+        if compiler == "inductor":
+            from .inductor import RematPartitioner
+
+            part = RematPartitioner(BackendOptions.from_dict(options))
+            self._remat_inductor = dict(mode=mode, options=inductor_options, compile_kwargs=compile_kwargs or {})
+            self._recompile(part)
+        else:
+            object.__setattr__(self, "_remat_compiled", _compile(model, options))
+
+    def _recompile(self, part) -> None:
+        """Compile with Inductor and ``part`` as its partitioner (again: a fresh entry point)."""
+        from .inductor import inductor_options
+
+        settings = self._remat_inductor
+        opts = inductor_options(part, mode=settings["mode"], options=settings["options"])
+        kwargs = {"fullgraph": True, "dynamic": False, **settings["compile_kwargs"]}
+        object.__setattr__(self, "_remat_partitioner", part)
+        object.__setattr__(self, "_remat_compiled",
+                           torch.compile(_entry_point(self._remat_original), backend="inductor", options=opts, **kwargs))
 
     def _record(self, plan: Plan, capture: Capture) -> None:
         self._remat_plans.append(plan)  # not the capture: it holds fake tensors (no deepcopy)
@@ -239,6 +263,11 @@ def optimize(
     time_limit: float | None = None,
     solver_options: dict | None = None,
     cache: bool = True,
+    compiler: str = "eager",
+    mode: str | None = None,
+    inductor_options: dict | None = None,
+    calibrate: bool = True,
+    compile_kwargs: dict | None = None,
     **example_kwargs,
 ) -> RematModule:
     """Plan ``model``'s training step for ``budget`` and return a module that runs the plan.
@@ -255,6 +284,13 @@ def optimize(
     :class:`~remat.errors.InfeasibleBudgetError` when no plan fits and
     :class:`~remat.errors.CaptureError` when the forward cannot be captured as one graph.
     Plans are kept in the on-disk plan cache (:mod:`remat.cache`) unless ``cache=False``.
+
+    ``compiler``: ``"eager"`` (the default) runs the plan as unfused ATen ops, exactly as planned
+    (bitwise gradients, every solver, offloading included); ``"inductor"`` has Inductor compile the
+    planned graphs into fused kernels (``mode`` and ``inductor_options`` as in ``torch.compile``;
+    see :mod:`remat.inductor`), and, with ``calibrate``, runs the compiled step once on copies of the
+    example inputs and re-plans while its measured peak is above the budget; ``compile_kwargs``
+    (``fullgraph``, ``dynamic``, ...) pass to ``torch.compile``.
     """
     _warn_if_not_training(model)
     if not torch.is_grad_enabled():
@@ -267,13 +303,66 @@ def optimize(
         )
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
                    time_limit=time_limit, solver_options=solver_options or {}, cache=cache)
-    wrapped = RematModule(model, options)
+    wrapped = RematModule(model, options, compiler=compiler, mode=mode, inductor_options=inductor_options,
+                          compile_kwargs=compile_kwargs)
     with _training_step_mode():
         args, kwargs = _detached_copies(example_args), _detached_copies(example_kwargs)  # forward may mutate them
         with _no_lasting_effects(model):
             wrapped(*args, **kwargs)
     if wrapped.plan is None:
         raise CaptureError(_NO_TRAINING_GRAPH)
+    if compiler == "inductor" and calibrate:
+        _calibrate(wrapped, example_args, example_kwargs)
+    return wrapped
+
+
+def _calibrate(wrapped: RematModule, args: tuple, kwargs: dict) -> None:
+    from .inductor import RematPartitioner, calibrate
+
+    options = wrapped._remat_partitioner.options
+    try:
+        calibrate(wrapped, lambda margin: RematPartitioner(options, margin), args, kwargs)
+    except Exception as err:
+        inner = _unwrap_compile_error(err)
+        if inner is err:
+            raise
+        raise inner from err
+
+
+def compile(
+    model: nn.Module,
+    *example_args,
+    budget=None,
+    solver: str = "auto",
+    mode: str | None = None,
+    options: dict | None = None,
+    cost_model: Any = "flops",
+    workspace: str = "measure",
+    time_limit: float | None = None,
+    solver_options: dict | None = None,
+    cache: bool = True,
+    calibrate: bool = True,
+    example_kwargs: dict | None = None,
+    **compile_kwargs,
+) -> RematModule:
+    """``torch.compile`` with Inductor, remat planning the training step: Inductor's fused kernels
+    within remat's ``budget`` (see :mod:`remat.inductor`).
+
+    ``mode``, ``options`` (Inductor's) and ``compile_kwargs`` (``fullgraph``, ``dynamic``, ...) pass to
+    ``torch.compile``. With example inputs, the step is planned now (and, with ``calibrate``, measured
+    once and re-planned while above the budget), as :func:`optimize` does; without, at the first
+    training call. Returns a module sharing ``model``'s parameters and state_dict; ``.plan`` is the plan.
+    """
+    if not example_args and not example_kwargs:
+        _warn_if_not_training(model)
+        remat_options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
+                             time_limit=time_limit, solver_options=solver_options or {}, cache=cache)
+        return RematModule(model, remat_options, compiler="inductor", mode=mode, inductor_options=options,
+                           compile_kwargs=compile_kwargs)
+    wrapped = optimize(model, *example_args, budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
+                       time_limit=time_limit, solver_options=solver_options, cache=cache, compiler="inductor",
+                       mode=mode, inductor_options=options, calibrate=calibrate, compile_kwargs=compile_kwargs,
+                       **(example_kwargs or {}))
     return wrapped
 
 

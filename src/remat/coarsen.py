@@ -106,8 +106,18 @@ def group_nodes(graph: Graph, level) -> list[list[int]]:
 
 def coarsen_graph(graph: Graph, depth="module") -> Coarsened:
     """The coarse graph of ``graph`` at ``depth`` (``"module"`` or an int)."""
-    values, nodes, users = graph.values, graph.nodes, graph.users
     groups = group_nodes(graph, depth)
+    return Coarsened(graph_of_groups(graph, groups, name=f"{graph.name} (coarse)"), groups, graph, depth)
+
+
+def graph_of_groups(graph: Graph, groups: list[list[int]], *, name: str,
+                    workspace_of: Callable[[Graph, list[int], set[int]], int] | None = None) -> Graph:
+    """The graph whose node ``g`` runs the ops ``groups[g]`` (in topological order of groups).
+
+    ``workspace_of(graph, members, escaping)`` gives a group's workspace; by default the peak
+    of running its ops alone beyond its escaping outputs (see the module docstring)."""
+    workspace_of = workspace_of or _group_workspace
+    values, nodes, users = graph.values, graph.nodes, graph.users
     group_of = {nid: g for g, members in enumerate(groups) for nid in members}
     graph_outputs = set(graph.forward_outputs) | set(graph.backward_outputs)
 
@@ -138,7 +148,7 @@ def coarsen_graph(graph: Graph, depth="module") -> Coarsened:
             for v in nodes[nid].outputs:
                 if v in graph_outputs or any(group_of[u] != g for u in users[v]):
                     escaping.append(v)
-        workspace = _group_workspace(graph, members, set(escaping))
+        workspace = workspace_of(graph, members, set(escaping))
         first = nodes[members[0]]
         outs = tuple(add_value(v, g) for v in escaping)
         rng_ops = max(rng_ops, sum(1 for nid in members if nodes[nid].random))
@@ -163,15 +173,14 @@ def coarsen_graph(graph: Graph, depth="module") -> Coarsened:
         meta["no_backward_recompute"] = sorted({group_of[n] for n in meta["no_backward_recompute"]})
     if "grad_inputs" in meta:  # inputs keep their values (renumbered)
         meta["grad_inputs"] = sorted(new_id[v] for v in meta["grad_inputs"] if v in new_id)
-    coarse = Graph(
+    return Graph(
         tuple(new_nodes),
         tuple(new_values),
         tuple(new_id[v] for v in graph.forward_outputs),
         tuple(new_id[v] for v in graph.backward_outputs),
-        f"{graph.name} (coarse)",
+        name,
         meta,
     )
-    return Coarsened(coarse, groups, graph, depth)
 
 
 def _group_workspace(graph: Graph, members: list[int], escaping: set[int]) -> int:
@@ -235,4 +244,4 @@ def planned_on_coarse_graph(graph: Graph, coarsen, solve: Callable[[Graph], Plan
     return plan
 
 
-__all__ = ["coarsen_graph", "group_nodes", "resolve_level", "planned_on_coarse_graph", "Coarsened", "AUTO_MAX_NODES"]
+__all__ = ["coarsen_graph", "graph_of_groups", "group_nodes", "resolve_level", "planned_on_coarse_graph", "Coarsened", "AUTO_MAX_NODES"]

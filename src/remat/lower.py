@@ -42,11 +42,17 @@ BATCH_NORM_NO_STATS = torch.ops.aten._native_batch_norm_legit.no_stats
 
 
 class _Lowering:
-    def __init__(self, capture: Capture, plan: Plan):
+    def __init__(self, capture: Capture, plan: Plan, compiled: bool = False):
         if capture.graph.structural_hash != plan.graph.structural_hash:
             raise InvalidPlanError("the plan was made for a different graph (structural hashes differ)")
         self.cap = capture
         self.plan = plan
+        self.compiled = compiled  # for a compiler: random ops through registered operators
+        if compiled and any(ins.kind in (OFFLOAD, RELOAD) for ins in plan.instructions):
+            raise InvalidPlanError(
+                "a plan that offloads values cannot be compiled by Inductor yet: plan with a recomputation "
+                "solver (not 'hybrid'), or use remat.optimize's default (eager) lowering for offloading plans"
+            )
         self.fwd = fx.Graph()
         self.bwd = fx.Graph()
         self.computed: set[int] = set()  # nodes run at least once so far
@@ -68,6 +74,7 @@ class _Lowering:
         self.rng: dict[int, fx.Node] = {}  # graph node id -> its saved generator state
         self.handles: dict[int, fx.Node] = {}  # offloaded value id -> its handle
         self.unwaited: dict[int, fx.Node] = {}  # reloaded value id -> handle, until a read waits for it
+        self.last_state: fx.Node | None = None  # compiled: the latest first run's generator state
 
     def _resolve(self, arg: fx.Node) -> fx.Node:
         cap = self.cap
@@ -156,7 +163,10 @@ class _Lowering:
         node = self.plan.graph.nodes[nid]
         stats_free = g is self.bwd and nid in self.computed and is_batch_norm_with_stats(op)
         self.computed.add(nid)
-        if node.random:
+        offset = None  # compiled random op: its outputs are items offset.. of a list
+        if node.random and self.compiled:
+            new, offset = self._compute_random_compiled(nid, op)
+        elif node.random:
             new = self._compute_random(nid, op)
         elif stats_free:  # same normalized output, running statistics left alone
             x, w, b, _rm, _rv, training, momentum, eps = op.args
@@ -169,7 +179,12 @@ class _Lowering:
             holder = cap.value_node[vid]
             if stats_free and holder.args[1] >= 3:
                 continue  # new running statistics: the forward's copy is the one that counts
-            if holder is op:
+            if offset is not None:
+                index = 0 if holder is op else holder.args[1]
+                item = g.call_function(operator.getitem, (new, offset + index))
+                item.meta.update(holder.meta)
+                self.current[vid] = item
+            elif holder is op:
                 self.current[vid] = new
             else:  # a getitem of a multi-output op
                 self.current[vid] = g.node_copy(holder, lambda _a: new)
@@ -191,6 +206,33 @@ class _Lowering:
         new = g.call_function(replay_random, (state, device, op.target, *args), kwargs)
         new.meta.update(op.meta)
         return new
+
+    def _compute_random_compiled(self, nid: int, op: fx.Node) -> tuple[fx.Node, int]:
+        """A random op through :mod:`remat.compiled_ops`: ``random_run`` on its first run (its
+        outputs follow the generator state it read), ``random_replay`` on every later one."""
+        from .compiled_ops import encode_call  # registers the operators
+
+        g = self.graph
+        device = self._device(op)
+        args = fx.map_arg(op.args, self._resolve)
+        kwargs = fx.map_arg(op.kwargs, self._resolve)
+        call, tensors = encode_call(op.target, args, kwargs)
+        outputs_val = op.meta.get("val")
+        outputs_val = list(outputs_val) if isinstance(outputs_val, (tuple, list)) else [outputs_val]
+        state = self.rng.get(nid)
+        if state is None and self.graph is self.bwd and nid in self.fwd_rng:
+            state = self._demand_saved(("rng", nid))
+        if state is None:
+            after = [self.last_state] if self.last_state is not None else []
+            run = g.call_function(torch.ops.remat.random_run.default, (device, call, tensors, after))
+            run.meta["val"] = [self._fake_state(device)] + outputs_val
+            state = g.call_function(operator.getitem, (run, 0))
+            state.meta["val"] = run.meta["val"][0]
+            self.rng[nid] = self.last_state = state
+            return run, 1
+        replay = g.call_function(torch.ops.remat.random_replay.default, (state, device, call, tensors))
+        replay.meta["val"] = outputs_val
+        return replay, 0
 
     def _free(self, vid: int):
         self.current.pop(vid, None)
@@ -278,9 +320,11 @@ def offload_store_kind(graph) -> str:
     return PINNED_STORE if str(graph.meta.get("device", "cpu")).startswith("cuda") else FILE_STORE
 
 
-def lower(capture: Capture, plan: Plan) -> tuple[fx.GraphModule, fx.GraphModule]:
-    """Forward and backward GraphModules that execute ``plan`` (not yet boxed)."""
-    return _Lowering(capture, plan).lower()
+def lower(capture: Capture, plan: Plan, *, compiled: bool = False) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Forward and backward GraphModules that execute ``plan`` (not yet boxed). ``compiled``: the
+    graphs are for a compiler (Inductor), which needs registered operators only, so random ops
+    run through :mod:`remat.compiled_ops`; offloading plans are refused there."""
+    return _Lowering(capture, plan, compiled).lower()
 
 
 __all__ = ["lower", "offload_store_kind"]

@@ -1,0 +1,123 @@
+"""Random-op replay as registered PyTorch operators, for graphs a compiler (Inductor) compiles.
+
+The eager lowering calls plain Python functions (:func:`remat.runtime.rng_state`,
+:func:`remat.runtime.replay_random`); Inductor compiles only registered operators, so a plan
+lowered for Inductor runs every random op through two custom operators instead:
+
+* ``remat::random_run(device, call, tensors, after) -> [state, *outputs]`` -- the op's first run:
+  read the generator state, then run the op (drawing from the generator as usual);
+* ``remat::random_replay(state, device, call, tensors) -> outputs`` -- a recomputation: run the op
+  with the generator set to ``state``, then put the current state back.
+
+``call`` is the op and its non-tensor arguments written as JSON (tensors by their index in
+``tensors``), so that a compiled graph is self-contained: Inductor's on-disk caches can serve it
+in another process. ``after`` lists the state of the previous first run in the same graph: that
+data dependency keeps the generator draws in the order of the uncompiled graph, whatever order a
+compiler picks for independent kernels. The operators are opaque to the compiler (it calls them
+as they are), and they are never merged, since no two have the same arguments.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+from .runtime import _set_rng_state, rng_state
+
+_TENSOR, _DTYPE, _DEVICE, _LAYOUT, _FORMAT, _LIST, _TUPLE = "t", "dtype", "device", "layout", "format", "list", "tuple"
+
+
+def encode_call(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[str, list]:
+    """``(call, tensors)``: ``op(*args, **kwargs)`` as JSON text, its tensor arguments (in FX: the
+    argument nodes) in a list, referred to from the text by index."""
+    tensors: list = []
+
+    def enc(a):
+        if isinstance(a, (torch.fx.Node, torch.Tensor)):
+            tensors.append(a)
+            return {_TENSOR: len(tensors) - 1}
+        if isinstance(a, torch.dtype):
+            return {_DTYPE: str(a).removeprefix("torch.")}
+        if isinstance(a, torch.device):
+            return {_DEVICE: str(a)}
+        if isinstance(a, torch.layout):
+            return {_LAYOUT: str(a).removeprefix("torch.")}
+        if isinstance(a, torch.memory_format):
+            return {_FORMAT: str(a).removeprefix("torch.")}
+        if isinstance(a, list):
+            return {_LIST: [enc(x) for x in a]}
+        if isinstance(a, tuple):
+            return {_TUPLE: [enc(x) for x in a]}
+        if a is None or isinstance(a, (bool, int, float, str)):
+            return a
+        raise TypeError(f"remat cannot replay {op} under a compiler: argument {a!r} of type {type(a).__name__}")
+
+    name = op._schema.name  # "aten::native_dropout"
+    text = json.dumps({"op": name, "overload": op._overloadname,
+                       "args": [enc(a) for a in args], "kwargs": {k: enc(v) for k, v in kwargs.items()}})
+    return text, tensors
+
+
+def decode_call(call: str, tensors: list) -> tuple[Any, tuple, dict]:
+    spec = json.loads(call)
+
+    def dec(a):
+        if isinstance(a, dict):
+            (kind, x), = a.items()
+            if kind == _TENSOR:
+                return tensors[x]
+            if kind == _DTYPE:
+                return getattr(torch, x)
+            if kind == _DEVICE:
+                return torch.device(x)
+            if kind in (_LAYOUT, _FORMAT):
+                return getattr(torch, x)
+            if kind == _LIST:
+                return [dec(y) for y in x]
+            return tuple(dec(y) for y in x)
+        return a
+
+    namespace, name = spec["op"].split("::")
+    op = getattr(getattr(getattr(torch.ops, namespace), name), spec["overload"])
+    return op, tuple(dec(a) for a in spec["args"]), {k: dec(v) for k, v in spec["kwargs"].items()}
+
+
+def _outputs(result) -> list[torch.Tensor]:
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+@torch.library.custom_op("remat::random_run", mutates_args=())
+def random_run(device: str, call: str, tensors: list[torch.Tensor], after: list[torch.Tensor]) -> list[torch.Tensor]:
+    state = rng_state(device).clone()
+    op, args, kwargs = decode_call(call, tensors)
+    return [state] + _outputs(op(*args, **kwargs))
+
+
+@random_run.register_fake
+def _random_run_fake(device, call, tensors, after):
+    op, args, kwargs = decode_call(call, tensors)
+    state = torch.empty(rng_state(device).numel(), dtype=torch.uint8)
+    return [state] + _outputs(op(*args, **kwargs))
+
+
+@torch.library.custom_op("remat::random_replay", mutates_args=())
+def random_replay(state: torch.Tensor, device: str, call: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    dev = torch.device(device)
+    now = rng_state(device)
+    _set_rng_state(dev, state)
+    try:
+        op, args, kwargs = decode_call(call, tensors)
+        return _outputs(op(*args, **kwargs))
+    finally:
+        _set_rng_state(dev, now)
+
+
+@random_replay.register_fake
+def _random_replay_fake(state, device, call, tensors):
+    op, args, kwargs = decode_call(call, tensors)
+    return _outputs(op(*args, **kwargs))
+
+
+__all__ = ["encode_call", "decode_call", "random_run", "random_replay"]

@@ -1,0 +1,220 @@
+"""remat as Inductor's partitioner: Inductor's fused kernels, remat's plans and budget.
+
+    m = remat.compile(model, x, budget=0.4)                  # Inductor under the hood
+    m = remat.optimize(model, x, budget=0.4, compiler="inductor")   # the same
+    torch.compile(model, options={"custom_partitioner_fn": remat.partitioner(budget=0.4),
+                                  **remat.inductor.INDUCTOR_CONSTRAINTS})   # by hand
+
+Inductor calls ``torch._inductor.config.custom_partitioner_fn`` with the joint forward+backward
+graph after its joint-graph passes; :class:`RematPartitioner` captures it, fuses it as Inductor
+will (:mod:`remat.fusion`), plans the fused graph and lowers the plan for a compiler (random ops
+through :mod:`remat.compiled_ops`); Inductor compiles the two graphs it returns.
+
+What remat asks of Inductor (:data:`INDUCTOR_CONSTRAINTS`) so that the plan's memory is the compiled
+step's memory:
+
+* ``realize_reads_threshold = 0``: a pointwise value read by several ops is stored once, not
+  recomputed inside each reader (which would stretch its inputs' lifetimes past the plan's);
+* ``layout_optimization = False``: no channels-last copies of convolution inputs and weights that
+  the plan cannot see (give the model channels-last tensors yourself if you want that layout);
+* ``reorder_for_peak_memory = False``: Inductor keeps the plan's order;
+* ``fx_graph_cache = False``: every compilation goes through the partitioner, so that the module's
+  ``plan`` exists and describes what runs (compiled kernels are still cached).
+
+**The budget is checked, not only predicted.** Inductor's scheduler still fuses kernels in ways no
+graph-level model follows exactly (horizontal fusion, buffers reused in place), so with example
+inputs :func:`compile` runs the compiled step once, measures its peak (the same measurement as
+:mod:`remat.measure`), and while it is above the budget plans again with the budget lowered by
+the excess (at most ``CALIBRATION_ROUNDS`` times); ``plan.info["measured_peak"]`` and
+``plan.info["calibration"]`` record it. Offloading plans (``hybrid``) are eager-only for now.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+from . import compiled_ops  # noqa: F401  (registers remat's operators before any compiled graph runs)
+from .backend import BackendOptions, _device_of
+from .cache import code_fingerprint, plan_with_cache
+from .capture import capture_joint
+from .cost import make_cost_fn, make_workspace_fn
+from .errors import InfeasibleBudgetError, SolverError
+from .fusion import fuse
+from .lower import lower
+from .planner import resolve
+
+INDUCTOR_CONSTRAINTS = {
+    "realize_reads_threshold": 0,
+    "layout_optimization": False,
+    "reorder_for_peak_memory": False,
+    "fx_graph_cache": False,
+}
+CALIBRATION_ROUNDS = 3
+OFFLOADING_SOLVERS = ("hybrid",)
+
+
+class RematPartitioner(CustomPartitionerFn):
+    """Inductor's partitioner replaced by remat's capture, fusion model, planner and lowering.
+
+    ``margin_bytes`` is subtracted from the budget (bytes) before planning; :func:`compile`
+    raises it when a measured step comes out above the budget."""
+
+    def __init__(self, options: BackendOptions, margin_bytes: int = 0):
+        if options.solver in OFFLOADING_SOLVERS:
+            raise SolverError(
+                f"solver {options.solver!r} offloads values to host memory, which remat does not support under "
+                "Inductor yet: use a recomputation solver (auto, checkmate, hierarchical, rotor, ...) with Inductor, "
+                "or remat.optimize(..., compiler='eager') to offload"
+            )
+        self.options = options
+        self.margin_bytes = int(margin_bytes)
+        self.last_plan = None
+        self.last_budget_bytes: int | None = None
+
+    def __call__(self, gm: torch.fx.GraphModule, joint_inputs, *, num_fwd_outputs: int, **_kwargs):
+        opts = self.options
+        device = _device_of(gm)
+        capture = capture_joint(
+            gm, num_fwd_outputs,
+            cost_fn=make_cost_fn(opts.cost_model, device),
+            workspace_fn=make_workspace_fn(opts.workspace),
+        )
+        fused = fuse(capture)
+        budget = opts.budget
+        budget_bytes = None if budget is None else resolve(fused.graph, budget, opts.solver)
+        self.last_budget_bytes = budget_bytes
+        if budget_bytes is not None and self.margin_bytes:
+            budget = max(0, budget_bytes - self.margin_bytes)
+        plan = plan_with_cache(
+            fused.graph, budget, opts.solver, time_limit=opts.time_limit,
+            solver_options=opts.solver_options, cost_model=opts.cost_model, cache=opts.cache,
+        )
+        plan.info["compiler"] = "inductor"
+        if budget_bytes is not None:
+            plan.info["budget_bytes"] = budget_bytes
+        if self.margin_bytes:
+            plan.info["planned_below_budget_by"] = self.margin_bytes
+        self.last_plan = plan
+        if opts.on_plan is not None:
+            opts.on_plan(plan, capture)
+        return lower(capture, fused.expand(plan), compiled=True)
+
+    def __getstate__(self) -> dict:
+        """Inductor pickles its config (cache keys): without the plan callback and the last plan."""
+        state = dict(self.__dict__)
+        state["options"] = dataclasses.replace(self.options, on_plan=None)
+        state["last_plan"] = None
+        return state
+
+    def uuid(self) -> str:
+        """Everything that changes the plan: budget, solver and its options, cost and workspace
+        models, the margin, remat's code and torch's version (Inductor's cache key)."""
+        o = self.options
+        described = json.dumps({
+            "budget": repr(o.budget), "solver": o.solver, "cost_model": repr(o.cost_model),
+            "workspace": o.workspace, "time_limit": o.time_limit,
+            "solver_options": repr(sorted((o.solver_options or {}).items())),
+            "margin": self.margin_bytes, "remat": code_fingerprint(), "torch": torch.__version__,
+        }, sort_keys=True)
+        return hashlib.sha256(described.encode()).hexdigest()
+
+
+def partitioner(budget=None, solver: str = "auto", cost_model: Any = "flops", *, workspace: str = "measure",
+                time_limit: float | None = None, solver_options: dict | None = None, cache: bool = True,
+                on_plan=None) -> RematPartitioner:
+    """A ``CustomPartitionerFn`` for ``torch._inductor.config.custom_partitioner_fn``.
+
+    Pass it with :data:`INDUCTOR_CONSTRAINTS` (see :func:`inductor_options`), which the memory model
+    relies on. ``budget`` as in :func:`remat.optimize`; it applies to each graph Inductor compiles."""
+    options = BackendOptions.from_dict(dict(
+        budget=budget, solver=solver, cost_model=cost_model, workspace=workspace, time_limit=time_limit,
+        solver_options=solver_options or {}, cache=cache, on_plan=on_plan,
+    ))
+    return RematPartitioner(options)
+
+
+def inductor_options(part: RematPartitioner, *, mode: str | None = None, options: dict | None = None) -> dict:
+    """``torch.compile(options=...)`` for Inductor with ``part``: the options of ``mode`` (torch.compile
+    refuses a mode and options together, so the mode is spelled out), then the user's ``options``,
+    then remat's partitioner and :data:`INDUCTOR_CONSTRAINTS`."""
+    merged = dict(torch._inductor.list_mode_options(mode)) if mode else {}
+    merged.update(options or {})
+    clashing = {k: merged[k] for k in INDUCTOR_CONSTRAINTS if k in merged and merged[k] != INDUCTOR_CONSTRAINTS[k]}
+    if clashing or "custom_partitioner_fn" in merged:
+        raise TypeError(
+            f"remat sets the Inductor options {sorted(INDUCTOR_CONSTRAINTS) + ['custom_partitioner_fn']} itself (its "
+            f"memory model relies on them); remove {sorted(clashing) or ['custom_partitioner_fn']} from options"
+        )
+    merged.update(INDUCTOR_CONSTRAINTS)
+    merged["custom_partitioner_fn"] = part
+    return merged
+
+
+def _scalar_of(output) -> torch.Tensor:
+    """A scalar whose gradient reaches every output that requires one (their sum)."""
+    leaves = [t for t in torch.utils._pytree.tree_leaves(output)
+              if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
+    if not leaves:
+        loss = getattr(output, "loss", None)
+        if isinstance(loss, torch.Tensor):
+            return loss
+        raise SolverError("the model's output has no tensor that requires gradients: nothing to train")
+    return sum(t.sum() for t in leaves)
+
+
+def measured_step_peak(module: nn.Module, args: tuple, kwargs: dict) -> int:
+    """Peak memory growth of one forward+backward of ``module`` (parameters' ``.grad`` cleared before,
+    restored after; buffers and random generators restored): what the budget bounds."""
+    from .api import _detached_copies, _no_lasting_effects, _training_step_mode
+    from .measure import peak_memory_growth
+
+    params = [p for p in module.parameters() if p.requires_grad]
+    saved = [p.grad for p in params]
+    device = next((p.device for p in params), torch.device("cpu"))
+    try:
+        for p in params:
+            p.grad = None
+        with _training_step_mode(), _no_lasting_effects(module):
+            a, k = _detached_copies(args), _detached_copies(kwargs)
+            peak, _ = peak_memory_growth(lambda: _scalar_of(module(*a, **k)).backward(), device)
+    finally:
+        for p, g in zip(params, saved):
+            p.grad = g
+    return int(peak)
+
+
+def calibrate(wrapped, part_factory, args: tuple, kwargs: dict) -> None:
+    """Run ``wrapped`` (a RematModule compiled with Inductor) once, measure its peak and, while the
+    peak is above the budget, re-plan with the budget lowered by the excess (``part_factory(margin)``
+    recompiles). Raises InfeasibleBudgetError when the lowered budget has no plan."""
+    margin, history = 0, []
+    for round_ in range(CALIBRATION_ROUNDS + 1):
+        peak = measured_step_peak(wrapped, args, kwargs)
+        plan, part = wrapped.plan, wrapped._remat_partitioner
+        budget_bytes = part.last_budget_bytes
+        history.append(f"planned {plan.peak_bytes} bytes below {budget_bytes - margin if budget_bytes else None}, "
+                       f"measured {peak}")
+        fits = budget_bytes is None or peak <= budget_bytes
+        if fits or round_ == CALIBRATION_ROUNDS:
+            plan.info["measured_peak"] = peak
+            plan.info["calibration"] = "; ".join(history)
+            if not fits:
+                raise InfeasibleBudgetError(
+                    budget_bytes, peak,
+                    f"the Inductor-compiled step still measured {peak} bytes after {CALIBRATION_ROUNDS} re-plans "
+                    f"below the budget ({plan.info['calibration']})",
+                )
+            return
+        margin += peak - budget_bytes + max(1, budget_bytes // 200)  # the excess, and 0.5% more
+        wrapped._recompile(part_factory(margin))
+
+
+__all__ = ["RematPartitioner", "partitioner", "inductor_options", "INDUCTOR_CONSTRAINTS", "calibrate",
+           "measured_step_peak", "CALIBRATION_ROUNDS"]
