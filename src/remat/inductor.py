@@ -194,14 +194,26 @@ def calibrate(wrapped, part_factory, args: tuple, kwargs: dict) -> None:
     """Run ``wrapped`` (a RematModule compiled with Inductor) once, measure its peak and, while the
     peak is above the budget, re-plan with the budget lowered by the excess (``part_factory(margin)``
     recompiles). Raises InfeasibleBudgetError when the lowered budget has no plan."""
-    margin, history = 0, []
+    margin, history, budget_bytes = 0, [], None
     for round_ in range(CALIBRATION_ROUNDS + 1):
-        peak = measured_step_peak(wrapped, args, kwargs)
+        try:
+            peak = measured_step_peak(wrapped, args, kwargs)
+        except Exception as err:  # planning below the budget by the excess may find no plan
+            from .api import _unwrap_compile_error
+
+            if round_ == 0 or not isinstance(_unwrap_compile_error(err), InfeasibleBudgetError):
+                raise
+            raise InfeasibleBudgetError(
+                budget_bytes, peak,
+                f"the Inductor-compiled step measured {peak} bytes, above the budget; planning below it by the "
+                f"excess found no plan ({'; '.join(history)})",
+            ) from err
         plan, part = wrapped.plan, wrapped._remat_partitioner
         budget_bytes = part.last_budget_bytes
         history.append(f"planned {plan.peak_bytes} bytes below {budget_bytes - margin if budget_bytes else None}, "
                        f"measured {peak}")
-        fits = budget_bytes is None or peak <= budget_bytes
+        # "min" asks for the smallest peak: the plan for it is already the smallest, nothing to lower
+        fits = budget_bytes is None or part.options.budget == "min" or peak <= budget_bytes
         if fits or round_ == CALIBRATION_ROUNDS:
             plan.info["measured_peak"] = peak
             plan.info["calibration"] = "; ".join(history)
@@ -213,7 +225,7 @@ def calibrate(wrapped, part_factory, args: tuple, kwargs: dict) -> None:
                 )
             return
         margin += peak - budget_bytes + max(1, budget_bytes // 200)  # the excess, and 0.5% more
-        wrapped._recompile(part_factory(margin))
+        wrapped._recompile(part_factory(margin))  # planned again by the next measurement
 
 
 __all__ = ["RematPartitioner", "partitioner", "inductor_options", "INDUCTOR_CONSTRAINTS", "calibrate",

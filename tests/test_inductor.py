@@ -1,0 +1,170 @@
+"""remat under Inductor: remat.compile, the fused-graph memory model, exactness, the budget checked.
+
+Inductor compiles C++ kernels on the CPU, so every compiled model here is a zoo "tiny" one and is
+compiled once per module (fixtures)."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+
+import remat
+from remat import zoo
+from remat.capture import capture_joint
+from remat.errors import InfeasibleBudgetError, SolverError
+from remat.fusion import fuse
+from remat.inductor import INDUCTOR_CONSTRAINTS, inductor_options, measured_step_peak, partitioner
+from remat.plan import COMPUTE
+from remat.planner import make_plan, store_all_plan
+
+MiB = 2**20
+
+
+def _grads(model):
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def _step(module, ex, seed=0):
+    torch.manual_seed(seed)
+    for p in module.parameters():
+        p.grad = None
+    ex.loss(module(*ex.args, **ex.kwargs)).backward()
+
+
+def _recomputations(plan):
+    return sum(1 for ins in plan.instructions if ins.kind == COMPUTE) - len(plan.graph.nodes)
+
+
+@pytest.fixture(scope="module")
+def dropout_case():
+    """dropout_mlp planned at a budget below store-all's under Inductor with ``fallback_random`` (random ops
+    draw from torch's generator as in eager mode), and Inductor's own step of a copy, likewise."""
+    ex = zoo.build("dropout_mlp", size="tiny")
+    reference = copy.deepcopy(ex.model)
+    planned = remat.compile(ex.model, *ex.args, budget="min", options={"fallback_random": True},
+                            example_kwargs=ex.kwargs)
+    unplanned = torch.compile(reference, dynamic=False, options={"fallback_random": True})
+    return ex, planned, reference, unplanned
+
+
+def test_random_ops_replay_and_gradients_match_inductors_own_step(dropout_case):
+    ex, planned, reference, unplanned = dropout_case
+    assert _recomputations(planned.plan) > 0, "the budget should make the plan recompute"
+    assert any(n.random for n in planned.plan.graph.nodes)
+    _step(planned, ex, seed=3)
+    ex_ref = copy.copy(ex)
+    ex_ref.model = reference
+    _step(unplanned, ex_ref, seed=3)
+    for mine, theirs in zip(_grads(ex.model), _grads(reference)):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+    _step(reference, ex_ref, seed=3)  # eager PyTorch draws the same numbers too
+    for mine, theirs in zip(_grads(ex.model), _grads(reference)):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_inductors_own_random_numbers_replay_exactly():
+    """Inductor's default RNG (seeds drawn once per graph): a plan that recomputes gives the
+    gradients of the store-everything plan."""
+    ex = zoo.build("dropout_mlp", size="tiny")
+    twin = copy.deepcopy(ex.model)
+    smallest = remat.compile(ex.model, *ex.args, budget="min", example_kwargs=ex.kwargs, calibrate=False)
+    store_all = remat.compile(twin, *ex.args, solver="store_all", example_kwargs=ex.kwargs, calibrate=False)
+    assert _recomputations(smallest.plan) > 0 and _recomputations(store_all.plan) == 0
+    _step(smallest, ex, seed=5)
+    ex_twin = copy.copy(ex)
+    ex_twin.model = twin
+    _step(store_all, ex_twin, seed=5)
+    for mine, theirs in zip(_grads(ex.model), _grads(twin)):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_measured_peak_is_within_the_budget_and_near_the_prediction(dropout_case):
+    ex, planned, _, _ = dropout_case
+    plan = planned.plan
+    measured = measured_step_peak(planned, ex.args, ex.kwargs)
+    recorded = plan.info["measured_peak"]  # measured by remat.compile ("min": recorded, not re-planned)
+    assert abs(recorded - plan.peak_bytes) <= max(0.05 * plan.peak_bytes, 2 * MiB)
+    assert abs(measured - plan.peak_bytes) <= max(0.05 * plan.peak_bytes, 2 * MiB)
+
+
+def test_parameters_and_state_dict_are_the_models(dropout_case):
+    ex, planned, _, _ = dropout_case
+    assert [id(p) for p in planned.parameters()] == [id(p) for p in ex.model.parameters()]
+    assert planned.state_dict().keys() == ex.model.state_dict().keys()
+
+
+@pytest.mark.xfail(strict=True, reason="known bug, not fixed yet: under Inductor a planned cnn_bn step's BatchNorm "
+                   "running statistics differ from eager's after one step (investigation pending)")
+def test_batch_norm_statistics_are_updated_once():
+    ex = zoo.build("cnn_bn", size="tiny")
+    reference = copy.deepcopy(ex.model)
+    planned = remat.compile(ex.model, *ex.args, budget="min", example_kwargs=ex.kwargs, calibrate=False)
+    assert _recomputations(planned.plan) > 0
+    before = [b.clone() for b in ex.model.buffers()]
+    _step(planned, ex)
+    ex_ref = copy.copy(ex)
+    ex_ref.model = reference
+    _step(reference, ex_ref)
+    for b0, mine, theirs in zip(before, ex.model.buffers(), reference.buffers()):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+        if b0.is_floating_point():
+            assert not torch.equal(b0, mine)  # the statistics did move (once: equal to eager's)
+    for mine, theirs in zip(_grads(ex.model), _grads(reference)):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_the_fused_graph_hides_inlined_values_and_never_raises_the_store_all_peak():
+    ex = zoo.build("mlp", size="tiny")
+    captured = {}
+
+    def spy(gm, joint_inputs, *, num_fwd_outputs, **kwargs):
+        captured["capture"] = capture_joint(gm, num_fwd_outputs)
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+        return min_cut_rematerialization_partition(gm, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+
+    class Spy(torch._inductor.custom_graph_pass.CustomPartitionerFn):
+        __call__ = staticmethod(spy)
+
+        def uuid(self):
+            return None
+
+    compiled = torch.compile(ex.model, dynamic=False, options={"custom_partitioner_fn": Spy(), "fx_graph_cache": False})
+    ex.loss(compiled(*ex.args, **ex.kwargs)).backward()
+    capture = captured["capture"]
+    fused = fuse(capture)
+    assert len(fused.graph.nodes) < len(capture.graph.nodes)
+    assert sorted(n for members in fused.members for n in members) == list(range(len(capture.graph.nodes)))
+    assert store_all_plan(fused.graph).peak_bytes <= store_all_plan(capture.graph).peak_bytes
+    plan = make_plan(fused.graph, "min", "checkmate")
+    expanded = fused.expand(plan)
+    assert expanded.graph is capture.graph and expanded.peak_bytes >= plan.peak_bytes
+
+
+def test_uuid_covers_what_changes_the_plan_and_the_partitioner_pickles():
+    a, b = partitioner(budget=0.5), partitioner(budget=0.5)
+    assert a.uuid() == b.uuid()
+    assert partitioner(budget=0.4).uuid() != a.uuid()
+    assert partitioner(budget=0.5, solver="rotor").uuid() != a.uuid()
+    assert pickle.loads(pickle.dumps(a)).uuid() == a.uuid()
+
+
+def test_inductor_options_keep_remats_constraints():
+    part = partitioner(budget=0.5)
+    opts = inductor_options(part, mode="max-autotune-no-cudagraphs")
+    assert opts["custom_partitioner_fn"] is part and all(opts[k] == v for k, v in INDUCTOR_CONSTRAINTS.items())
+    assert opts.get("max_autotune") is True
+    with pytest.raises(TypeError, match="layout_optimization"):
+        inductor_options(part, options={"layout_optimization": True})
+
+
+def test_an_infeasible_budget_names_the_minimum():
+    ex = zoo.build("mlp", size="tiny")
+    with pytest.raises(InfeasibleBudgetError) as info:
+        remat.compile(ex.model, *ex.args, budget=1, example_kwargs=ex.kwargs)
+    assert info.value.min_budget_bytes > 1
+
+
+def test_offloading_solvers_are_refused_with_advice():
+    with pytest.raises(SolverError, match="compiler='eager'"):
+        partitioner(budget=0.5, solver="hybrid")
