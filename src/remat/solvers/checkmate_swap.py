@@ -69,6 +69,7 @@ from . import SOLVERS, register
 from .checkmate_model import Formulation, build, decode, schedule_from_R, solution_vector, to_highs, value_roles
 
 DEFAULT_TIME_LIMIT = 60.0
+REPAIRS = 3  # re-solves when a decoded plan peaks over the budget in the simulator
 MAX_NODES = 200  # the model has O(nodes²) binaries: beyond this, coarsen the graph first
 
 
@@ -185,6 +186,8 @@ def build_swap(graph: Graph, budget_bytes: int | None, *, no_spill: bool = False
             if t == boundary_stage and f.boundary_row is not None:
                 _add(f, f.boundary_row, col, -values[v].bytes / f.scale)
 
+    _exact_rng_state(f)
+
     # ---- time
     copies_at: dict[int, dict[int, float]] = {}
     for (t, v), col in m.OUT.items():
@@ -213,6 +216,37 @@ def build_swap(graph: Graph, budget_bytes: int | None, *, no_spill: bool = False
             f._row(0.0, math.inf, {d: 1.0, **{col: -c for col, c in compute.items()}})
             f._row(-own, math.inf, {d: 1.0, **{col: -s for col, s in cols.items()}})
     return m
+
+
+def _exact_rng_state(f: Formulation) -> None:
+    """Replace Checkmate's blanket reserve for generator states by ``Z_i ≥ R[t,i]`` per random node
+    ``i`` that may be recomputed, counting ``rng_state_bytes · Z_i`` in every memory row from stage
+    ``i`` on (the simulator holds the state from the first run to the last replay, all within those
+    stages): a plan that recomputes no random node no longer pays for one."""
+    if f.rng_reserve <= 0:
+        return
+    graph = f.graph
+    rng = int(graph.meta.get("rng_state_bytes", 0)) / f.scale
+    stage_of_u = {col: t for (t, _), col in f.U.items()}
+    row_stage = {}
+    for r in f.memory_rows:
+        if r == f.boundary_row:
+            row_stage[r] = f.num_forward
+        else:
+            row_stage[r] = next(stage_of_u[c] for c in f.row_index[r] if c in stage_of_u)
+    for r in f.memory_rows:
+        f.row_upper[r] += f.rng_reserve / f.scale
+    for i in range(f.num_forward):
+        stages = [t for (t, k) in f.R if k == i]
+        if not graph.nodes[i].random or not stages:
+            continue
+        z = f._col(0.0, 0.0, 1.0, False)
+        for t in stages:
+            f._row(-math.inf, 0.0, {f.R[(t, i)]: 1.0, z: -1.0})  # Z_i >= R[t,i]
+        for r, t in row_stage.items():
+            if t >= i:
+                _add(f, r, z, rng)
+    f.rng_reserve = 0
 
 
 # ------------------------------------------------------------------------------ decoding
@@ -293,23 +327,31 @@ def solve_swap_milp(
     no_spill: bool = False,
     warm_start: bool = True,
     quiet: bool = False,
+    model_budget_bytes: int | None = None,
+    repairs: int = 0,
 ) -> Plan:
     """The swap MILP's optimal (within ``gap``) plan of ``graph`` under ``budget_bytes``
     (``None``: the plan of smallest peak, then least step time). Raises :class:`SolverError`
-    when HiGHS finds no solution in time. See the module docstring for the model."""
+    when HiGHS finds no solution in time. See the module docstring for the model.
+
+    ``model_budget_bytes`` (default ``budget_bytes``): the budget inside the model. When the
+    simulated plan still peaks over ``budget_bytes`` (the barrier model's spill, or a case where
+    Checkmate's memory rows under-count), the model is solved again, up to ``REPAIRS`` times,
+    without spill and then with its budget lowered by the excess."""
     import highspy
 
     from .checkmate import _baselines, _has_solution, _model_info, _solve
 
     start = time.perf_counter()
     limit = DEFAULT_TIME_LIMIT if time_limit is None else float(time_limit)
-    m = build_swap(graph, budget_bytes, no_spill=no_spill)
+    model_budget = budget_bytes if model_budget_bytes is None else model_budget_bytes
+    m = build_swap(graph, model_budget, no_spill=no_spill)
     f = m.f
     h = to_highs(f)
     info: dict = {"formulation": {**_model_info(f), "swap binaries": len(m.OUT) + len(m.IN)}, "time model": m.model_name}
     if warm_start:
-        plans = _baselines(graph, budget_bytes if budget_bytes is not None else 0)
-        fitting = sorted((p for p in plans if budget_bytes is None or p.peak_bytes <= budget_bytes),
+        plans = _baselines(graph, model_budget if model_budget is not None else 0)
+        fitting = sorted((p for p in plans if model_budget is None or p.peak_bytes <= model_budget),
                          key=lambda p: (p.peak_bytes if budget_bytes is None else 0, p.step_seconds))
         for p in fitting:
             x = _warm_vector(m, p)
@@ -325,7 +367,7 @@ def solve_swap_milp(
     info["solve seconds"] = round(h.getRunTime(), 3)
     status_name = h.modelStatusToString(status)
     if not _has_solution(h):
-        if status == highspy.HighsModelStatus.kInfeasible and budget_bytes is not None:
+        if status == highspy.HighsModelStatus.kInfeasible and budget_bytes is not None:  # no plan fits: the smallest
             plan = solve_swap_milp(graph, None, time_limit=max(1.0, limit - (time.perf_counter() - start)),
                                    gap=1e-4, threads=threads, no_spill=no_spill, warm_start=warm_start, quiet=True)
             plan.info["status"] = f"infeasible at {budget_bytes} bytes; smallest peak shown"
@@ -349,16 +391,20 @@ def solve_swap_milp(
     plan = decode_plan(m, R_on, OUT_on, IN_on, solver="checkmate_swap", info=info)
     plan.info["simulated step seconds"] = plan.step_seconds
     if budget_bytes is not None and plan.peak_bytes > budget_bytes:
-        if m.overlap and not m.no_spill:  # a channel-bound stage spilled past the model's barrier
-            left = max(1.0, limit - (time.perf_counter() - start))
-            retry = solve_swap_milp(graph, budget_bytes, time_limit=left, gap=gap, threads=threads,
-                                    no_spill=True, warm_start=warm_start, quiet=quiet)
-            retry.info["barrier model"] = (f"its plan peaked at {plan.peak_bytes} bytes in the simulator "
-                                           f"(over {budget_bytes}): solved again without spill")
-            return retry
-        raise SolverError(  # the synchronous and no-spill models are conservative: this is a bug
-            f"internal error: checkmate_swap's plan peaks at {plan.peak_bytes} bytes over its budget {budget_bytes}"
-        )
+        if repairs >= REPAIRS:
+            raise SolverError(
+                f"checkmate_swap: its plans for {graph.name!r} kept peaking over the budget {budget_bytes} in the "
+                f"simulator (last {plan.peak_bytes} bytes) after {REPAIRS} repairs; use solver='hybrid'"
+            )
+        left = max(1.0, limit - (time.perf_counter() - start))
+        spill = m.overlap and not m.no_spill  # a channel-bound stage spilled past the model's barrier
+        retry = solve_swap_milp(graph, budget_bytes, time_limit=left, gap=gap, threads=threads, no_spill=m.overlap,
+                                warm_start=warm_start, quiet=quiet, repairs=repairs + 1,
+                                model_budget_bytes=model_budget if spill else model_budget - (plan.peak_bytes - budget_bytes))
+        retry.info.setdefault("repairs", []).insert(0, (
+            f"the plan of the {m.model_name} model at {model_budget} bytes peaked at {plan.peak_bytes} in the simulator: "
+            + ("solved again without spill" if spill else "solved again with the model's budget lowered by the excess")))
+        return retry
     if not optimal and not quiet:
         warnings.warn(
             f"checkmate_swap stopped at its time limit ({limit:.0f} s) on {graph.name!r}: returning its best plan, "
