@@ -62,13 +62,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InvalidPlanError, SolverError, SolverTimeLimitWarning
+from ..errors import RematError, SolverError, SolverTimeLimitWarning
 from ..graph import Graph
-from ..plan import COMPUTE, Plan, transfer_costs
+from ..plan import COMPUTE, OFFLOAD, RELOAD, Plan, transfer_costs
 from . import SOLVERS, register
 from .checkmate_model import Formulation, build, decode, schedule_from_R, solution_vector, to_highs, value_roles
 
 DEFAULT_TIME_LIMIT = 60.0
+WARM_GREEDY_TIME_LIMIT = 10.0  # for the hybrid greedy's plan that warm-starts the MILP
 REPAIRS = 3  # re-solves when a decoded plan peaks over the budget in the simulator
 MAX_NODES = 200  # the model has O(nodes²) binaries: beyond this, coarsen the graph first
 
@@ -84,6 +85,7 @@ class SwapFormulation:
     IN: dict[tuple[int, int], int] = field(default_factory=dict)
     H: dict[tuple[int, int], int] = field(default_factory=dict)
     D: dict[int, int] = field(default_factory=dict)  # stage -> column: D_t - cost_t (barrier model)
+    Z: dict[int, int] = field(default_factory=dict)  # random node -> column: it is recomputed somewhere
     out_seconds: dict[int, float] = field(default_factory=dict)  # value -> duration of its offload
     in_seconds: dict[int, float] = field(default_factory=dict)
 
@@ -186,7 +188,7 @@ def build_swap(graph: Graph, budget_bytes: int | None, *, no_spill: bool = False
             if t == boundary_stage and f.boundary_row is not None:
                 _add(f, f.boundary_row, col, -values[v].bytes / f.scale)
 
-    _exact_rng_state(f)
+    _exact_rng_state(m)
 
     # ---- time
     copies_at: dict[int, dict[int, float]] = {}
@@ -218,11 +220,12 @@ def build_swap(graph: Graph, budget_bytes: int | None, *, no_spill: bool = False
     return m
 
 
-def _exact_rng_state(f: Formulation) -> None:
+def _exact_rng_state(m: SwapFormulation) -> None:
     """Replace Checkmate's blanket reserve for generator states by ``Z_i ≥ R[t,i]`` per random node
     ``i`` that may be recomputed, counting ``rng_state_bytes · Z_i`` in every memory row from stage
     ``i`` on (the simulator holds the state from the first run to the last replay, all within those
     stages): a plan that recomputes no random node no longer pays for one."""
+    f = m.f
     if f.rng_reserve <= 0:
         return
     graph = f.graph
@@ -240,7 +243,7 @@ def _exact_rng_state(f: Formulation) -> None:
         stages = [t for (t, k) in f.R if k == i]
         if not graph.nodes[i].random or not stages:
             continue
-        z = f._col(0.0, 0.0, 1.0, False)
+        z = m.Z[i] = f._col(0.0, 0.0, 1.0, False)
         for t in stages:
             f._row(-math.inf, 0.0, {f.R[(t, i)]: 1.0, z: -1.0})  # Z_i >= R[t,i]
         for r, t in row_stage.items():
@@ -298,21 +301,96 @@ def decode_plan(m: SwapFormulation, R_on, OUT_on, IN_on, **plan_kwargs) -> Plan:
     return base.with_swaps(offload_after, reload_before, **plan_kwargs)
 
 
+def _feasible(f: Formulation, x, tol: float = 1e-6) -> bool:
+    """Does ``x`` meet every row and bound of ``f``?"""
+    if np.any(x < np.asarray(f.col_lower) - tol) or np.any(x > np.asarray(f.col_upper) + tol):
+        return False
+    for r in range(f.num_rows):
+        val = sum(a * x[c] for c, a in zip(f.row_index[r], f.row_value[r]))
+        if val < f.row_lower[r] - tol or val > f.row_upper[r] + tol:
+            return False
+    return True
+
+
 def _on(cols: dict, x) -> set:
     return {key for key, col in cols.items() if x[col] > 0.5}
 
 
 def _warm_vector(m: SwapFormulation, plan: Plan):
-    """A full solution vector for a recomputation-only ``plan`` (no swaps), or None."""
+    """A full solution vector for ``plan`` (recomputation and swaps), or None when its schedule is
+    not frontier-advancing. Each offload is moved to the start of the stage of the compute after
+    it, each reload likewise (one stage earlier when a reload is usable only in the next stage);
+    HiGHS checks the vector and ignores it when that move breaks a row."""
     from .checkmate import stages_of
 
-    stages = stages_of(m.f, plan)
+    f, graph = m.f, m.f.graph
+    forward, backward = plan.schedule()
+    base = Plan.from_schedule(graph, forward, backward)
+    stages = stages_of(f, base)
     if stages is None:
         return None
-    x = solution_vector(m.f, *stages)
-    nodes = m.f.graph.nodes
+    R_on, S_on = stages
+    # the stage of every instruction of `plan`: that of the next compute
+    stage_of, frontier, pending = {}, 0, []
+    for i, ins in enumerate(plan.instructions):
+        if ins.kind != COMPUTE:
+            pending.append(i)
+            continue
+        for j in pending:
+            stage_of[j] = frontier
+        pending = []
+        stage_of[i] = frontier
+        if ins.target == frontier:
+            frontier += 1
+    OUT_on, IN_on = set(), set()
+    first_read: dict[int, list[int]] = {}  # value -> stages where it is read
+    for i, ins in enumerate(plan.instructions):
+        if ins.kind == COMPUTE:
+            for v in graph.nodes[ins.target].inputs:
+                first_read.setdefault(v, []).append(stage_of[i])
+    for i, ins in enumerate(plan.instructions):
+        if ins.kind == OFFLOAD and i in stage_of:
+            OUT_on.add((stage_of[i], ins.target))
+        elif ins.kind == RELOAD and i in stage_of:
+            t = stage_of[i]
+            if m.overlap and t in first_read.get(ins.target, ()):
+                t -= 1
+            IN_on.add((t, ins.target))
+    if not all(k in m.OUT for k in OUT_on) or not all(k in m.IN for k in IN_on):
+        return None
+    S_on = set(S_on)
+    H_on = set()
+    for v in {v for _, v in OUT_on}:
+        outs = sorted(t for t, w in OUT_on if w == v)
+        ins_ = sorted(t for t, w in IN_on if w == v)
+        for t_out, t_in in zip(outs, ins_):
+            for t in range(t_out + 1, t_in + 1):
+                S_on.discard((t, v))
+                H_on.add((t, v))
+    x = solution_vector(f, R_on, S_on)
+    for key in OUT_on:
+        x[m.OUT[key]] = 1.0
+    for key in IN_on:
+        x[m.IN[key]] = 1.0
+    for key in H_on:
+        if key not in m.H:
+            return None
+        x[m.H[key]] = 1.0
+    nodes = graph.nodes
     for t, col in m.D.items():
-        x[col] = sum(nodes[i].cost for i in m.f.positions[t][:-1] if (t, i) in stages[0])
+        compute = sum(nodes[i].cost for i in f.positions[t][:-1] if (t, i) in R_on)
+        copies = sum(m.out_seconds[v] for (s, v) in OUT_on if s == t) + sum(m.in_seconds[v] for (s, v) in IN_on if s == t)
+        x[col] = max(compute, copies - nodes[t].cost)
+    for i, col in m.Z.items():
+        x[col] = 1.0 if any((t, i) in R_on for t in range(len(f.positions))) else 0.0
+    for u in sorted(f.U.values()):  # the memory recurrence again, now with the swaps
+        r = f.u_rows[u]
+        x[u] = f.row_lower[r] - sum(a * x[c] for c, a in zip(f.row_index[r], f.row_value[r]) if c != u)
+    if f.budget_col is not None:
+        x[f.budget_col] = max(
+            sum(a * x[c] for c, a in zip(f.row_index[r], f.row_value[r]) if c != f.budget_col) - f.row_upper[r]
+            for r in f.memory_rows
+        )
     return x
 
 
@@ -329,11 +407,14 @@ def solve_swap_milp(
     quiet: bool = False,
     model_budget_bytes: int | None = None,
     repairs: int = 0,
+    warm_plans=(),
 ) -> Plan:
     """The swap MILP's optimal (within ``gap``) plan of ``graph`` under ``budget_bytes``
     (``None``: the plan of smallest peak, then least step time). Raises :class:`SolverError`
     when HiGHS finds no solution in time. See the module docstring for the model.
 
+    ``warm_start``: start HiGHS from the best of the baselines' plans, ``warm_plans`` and (when no
+    ``warm_plans`` are given) the ``hybrid`` greedy's plan that the model can express.
     ``model_budget_bytes`` (default ``budget_bytes``): the budget inside the model. When the
     simulated plan still peaks over ``budget_bytes`` (the barrier model's spill, or a case where
     Checkmate's memory rows under-count), the model is solved again, up to ``REPAIRS`` times,
@@ -349,34 +430,44 @@ def solve_swap_milp(
     f = m.f
     h = to_highs(f)
     info: dict = {"formulation": {**_model_info(f), "swap binaries": len(m.OUT) + len(m.IN)}, "time model": m.model_name}
+    best = None  # (objective, vector, solver) of the best warm start
     if warm_start:
-        plans = _baselines(graph, model_budget if model_budget is not None else 0)
-        fitting = sorted((p for p in plans if model_budget is None or p.peak_bytes <= model_budget),
-                         key=lambda p: (p.peak_bytes if budget_bytes is None else 0, p.step_seconds))
-        for p in fitting:
+        plans = _baselines(graph, model_budget if model_budget is not None else 0) + list(warm_plans)
+        if model_budget is not None and not warm_plans:  # the greedy, when no caller passed its plan
+            try:
+                plans.append(SOLVERS["hybrid"](graph, model_budget, time_limit=max(1.0, min(WARM_GREEDY_TIME_LIMIT, limit / 4))))
+            except RematError:
+                pass
+        for p in plans:
             x = _warm_vector(m, p)
-            if x is None:
-                continue
+            if x is not None and _feasible(f, x):
+                value = float(np.dot(f.col_cost, x))
+                if best is None or value < best[0]:
+                    best = (value, x, p.solver)
+        if best is not None:
             sol = highspy.HighsSolution()
-            sol.col_value = list(x)
+            sol.col_value = list(best[1])
             sol.value_valid = True
             if h.setSolution(sol) == highspy.HighsStatus.kOk:
-                info["warm start"] = p.solver
-                break
+                info["warm start"] = best[2]
     status, hinfo = _solve(h, max(min(1.0, limit), limit - (time.perf_counter() - start)), gap, threads)
     info["solve seconds"] = round(h.getRunTime(), 3)
     status_name = h.modelStatusToString(status)
-    if not _has_solution(h):
+    if _has_solution(h):
+        x = np.asarray(h.getSolution().col_value)
+    elif best is not None and status != highspy.HighsModelStatus.kInfeasible:  # stopped before reading the warm start
+        x = best[1]
+    else:
         if status == highspy.HighsModelStatus.kInfeasible and budget_bytes is not None:  # no plan fits: the smallest
             plan = solve_swap_milp(graph, None, time_limit=max(1.0, limit - (time.perf_counter() - start)),
-                                   gap=1e-4, threads=threads, no_spill=no_spill, warm_start=warm_start, quiet=True)
+                                   gap=1e-4, threads=threads, no_spill=no_spill, warm_start=warm_start, quiet=True,
+                                   warm_plans=warm_plans)
             plan.info["status"] = f"infeasible at {budget_bytes} bytes; smallest peak shown"
             return plan
         raise SolverError(
             f"checkmate_swap found no plan for {graph.name!r} within {limit:.0f} s (HiGHS: {status_name}); "
             "raise time_limit, or use solver='hybrid' or a coarser graph (remat.coarsen.coarsen_graph)"
         )
-    x = np.asarray(h.getSolution().col_value)
     R_on, _ = decode(f, x)
     OUT_on, IN_on = _on(m.OUT, x), _on(m.IN, x)
     optimal = status == highspy.HighsModelStatus.kOptimal
@@ -399,7 +490,7 @@ def solve_swap_milp(
         left = max(1.0, limit - (time.perf_counter() - start))
         spill = m.overlap and not m.no_spill  # a channel-bound stage spilled past the model's barrier
         retry = solve_swap_milp(graph, budget_bytes, time_limit=left, gap=gap, threads=threads, no_spill=m.overlap,
-                                warm_start=warm_start, quiet=quiet, repairs=repairs + 1,
+                                warm_start=warm_start, quiet=quiet, repairs=repairs + 1, warm_plans=warm_plans,
                                 model_budget_bytes=model_budget if spill else model_budget - (plan.peak_bytes - budget_bytes))
         retry.info.setdefault("repairs", []).insert(0, (
             f"the plan of the {m.model_name} model at {model_budget} bytes peaked at {plan.peak_bytes} in the simulator: "
@@ -424,11 +515,12 @@ def checkmate_swap(
     gap: float = 1e-6,
     threads: int | None = None,
     warm_start: bool = True,
+    warm_plans=(),
     **options,
 ) -> Plan:
     """Recomputation and swapping, solved exactly on small graphs (see the module docstring)."""
     if options:
-        raise SolverError(f"checkmate_swap takes time_limit, gap, threads and warm_start; got {sorted(options)}")
+        raise SolverError(f"checkmate_swap takes time_limit, gap, threads, warm_start and warm_plans; got {sorted(options)}")
     from .hybrid import has_transfer_costs
 
     if not has_transfer_costs(graph):
@@ -440,7 +532,8 @@ def checkmate_swap(
             f"checkmate_swap solves graphs of at most {MAX_NODES} ops exactly; {graph.name!r} has {len(graph.nodes)}. "
             "Plan its coarsened graph (remat.coarsen.coarsen_graph) or use solver='hybrid'"
         )
-    return solve_swap_milp(graph, budget_bytes, time_limit=time_limit, gap=gap, threads=threads, warm_start=warm_start)
+    return solve_swap_milp(graph, budget_bytes, time_limit=time_limit, gap=gap, threads=threads, warm_start=warm_start,
+                           warm_plans=warm_plans)
 
 
 __all__ = ["checkmate_swap", "solve_swap_milp", "build_swap", "decode_plan", "SwapFormulation", "MAX_NODES"]
