@@ -465,7 +465,7 @@ def solve_swap_milp(
             plan.info["status"] = f"infeasible at {budget_bytes} bytes; smallest peak shown"
             return plan
         raise SolverError(
-            f"checkmate_swap found no plan for {graph.name!r} within {limit:.0f} s (HiGHS: {status_name}); "
+            f"checkmate_swap found no plan for {graph.name!r} within {limit:.3g} s (HiGHS: {status_name}); "
             "raise time_limit, or use solver='hybrid' or a coarser graph (remat.coarsen.coarsen_graph)"
         )
     R_on, _ = decode(f, x)
@@ -476,7 +476,8 @@ def solve_swap_milp(
         status="optimal" if optimal else status_name,
         gap=float(hinfo.mip_gap) if math.isfinite(hinfo.mip_gap) else None,
         objective_seconds=model_seconds(m, R_on, OUT_on, IN_on),
-        bound_seconds=hinfo.mip_dual_bound * f.cost_scale + f.constant_cost if minimising_time else None,
+        bound_seconds=(hinfo.mip_dual_bound * f.cost_scale + f.constant_cost
+                       if minimising_time and math.isfinite(hinfo.mip_dual_bound) else None),
         swaps=len(OUT_on),
     )
     plan = decode_plan(m, R_on, OUT_on, IN_on, solver="checkmate_swap", info=info)
@@ -498,7 +499,7 @@ def solve_swap_milp(
         return retry
     if not optimal and not quiet:
         warnings.warn(
-            f"checkmate_swap stopped at its time limit ({limit:.0f} s) on {graph.name!r}: returning its best plan, "
+            f"checkmate_swap stopped at its time limit ({limit:.3g} s) on {graph.name!r}: returning its best plan, "
             f"within {100 * (info['gap'] or 0):.2f}% of the model's optimum (HiGHS: {status_name})",
             SolverTimeLimitWarning,
             stacklevel=3,
