@@ -71,6 +71,11 @@ class Formulation:
     budget_col: int | None = None  # the budget as a variable (peak minimisation)
     u_rows: dict[int, int] = field(default_factory=dict)  # U column -> the equality row defining it
     memory_rows: list[int] = field(default_factory=list)  # rows bounding memory by the budget
+    # rows other models extend (checkmate_swap): where a value is read, kept on, or cut as useless
+    read_rows: list[tuple[int, int, int]] = field(default_factory=list)  # (t, value, row): v usable in stage t
+    keep_rows: dict[tuple[int, int], int] = field(default_factory=dict)  # (t, v) -> row S[t+1,v] <= R + S[t,v]
+    kept_cut_rows: dict[tuple[int, int], int] = field(default_factory=dict)  # (t, v) -> row S[t,v] <= readers + S[t+1,v]
+    boundary_row: int | None = None  # the memory row at the forward/backward boundary
     # the model
     col_cost: list[float] = field(default_factory=list)
     col_lower: list[float] = field(default_factory=list)
@@ -248,6 +253,7 @@ def build(
                 terms = {f.S[(t, v)]: -1.0}
                 if ri is not None:
                     terms[ri] = -1.0
+                f.read_rows.append((t, v, f.num_rows))
                 if rj is None:  # R[t,t] = 1
                     f._row(-math.inf, -cj, terms)
                 else:
@@ -261,6 +267,7 @@ def build(
             terms = {f.S[(t + 1, v)]: 1.0, f.S[(t, v)]: -1.0}
             if ri is not None:
                 terms[ri] = -1.0
+            f.keep_rows[(t, v)] = f.num_rows
             f._row(-math.inf, 0.0, terms)
         # dominance: never recompute a node while one of its outputs is kept
         if dominance_cuts:
@@ -295,6 +302,7 @@ def build(
                     terms[f.R[(t, j)]] = -1.0
                 if (t + 1, v) in f.S:
                     terms[f.S[(t + 1, v)]] = -1.0
+                f.kept_cut_rows[(t, v)] = f.num_rows
                 f._row(-math.inf, 0.0, terms)
         # FREE[t,v,k] for recomputations k < t
         frees_at: dict[int, list[tuple[int, int]]] = {}
@@ -354,6 +362,7 @@ def build(
         if f.budget_col is not None:
             terms[f.budget_col] = -1.0
         f.memory_rows.append(f.num_rows)
+        f.boundary_row = f.num_rows
         f._row(-math.inf, cap - const, terms)
     if save_budget_bytes is not None and num_forward < n:
         t = num_forward
