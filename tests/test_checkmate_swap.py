@@ -10,10 +10,12 @@ import warnings
 import pytest
 
 from remat.errors import SolverError, SolverTimeLimitWarning
-from remat.graph import Graph, GraphBuilder
+from remat.graph import Graph
 from remat.plan import OFFLOAD, RELOAD
 from remat.planner import clear_caches
 from remat.solvers import available, solve
+
+from .swap_graphs import transfer_chain
 
 MiB = 2**20
 
@@ -26,24 +28,8 @@ def _fresh_caches():
 
 
 def chain(n=5, act=100, cost=1.0, bandwidth=1000.0, overlap=False, pinned_forward=False) -> Graph:
-    """x -> f0 -> ... -> f{n-1} -> loss, each f_i's backward reading its input; copies take
-    ``bytes / bandwidth`` seconds, synchronous or beside compute (``overlap``).
-    ``pinned_forward``: every forward node reads an input the step mutates, so recomputation
-    cannot run it again in the backward (only swapping can lower the peak)."""
-    b = GraphBuilder("chain")
-    hs = [b.input("x", 10)]
-    for i in range(n):
-        hs += b.op(f"f{i}", [hs[-1]], [act], cost=cost)
-    (loss,) = b.op("loss", [hs[-1]], [4], cost=cost)
-    (g,) = b.op("loss_bwd", [b.tangent("dloss", 4), hs[-1]], [act], phase="backward", cost=cost)
-    for i in range(n - 1, -1, -1):
-        (g,) = b.op(f"f{i}_bwd", [g, hs[i]] if i else [g], [act if i else 10], phase="backward", cost=2 * cost)
-    meta = {"transfer": {"d2h_bytes_per_s": bandwidth, "h2d_bytes_per_s": bandwidth, "overlap": overlap}}
-    graph = b.build(forward_outputs=[loss], backward_outputs=[g], meta=meta)
-    if pinned_forward:
-        meta["no_backward_recompute"] = [nd.id for nd in graph.forward_nodes]
-        graph = Graph(graph.nodes, graph.values, graph.forward_outputs, graph.backward_outputs, graph.name, meta)
-    return graph
+    """The shared transfer chain (tests/swap_graphs.py), synchronous copies unless ``overlap``."""
+    return transfer_chain(n, act, cost, bandwidth, overlap, pinned_forward)
 
 
 def budgets(g: Graph) -> list[int]:

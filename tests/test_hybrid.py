@@ -10,10 +10,12 @@ import pytest
 import remat
 from remat import zoo
 from remat.errors import InfeasibleBudgetError, SolverError
-from remat.graph import Graph, GraphBuilder
+from remat.graph import Graph
 from remat.plan import OFFLOAD, RELOAD
 from remat.planner import clear_caches, make_plan, recomputation_plan, smallest_plan
 from remat.solvers import solve
+
+from .swap_graphs import transfer_chain
 
 
 @pytest.fixture(autouse=True)
@@ -24,23 +26,8 @@ def _fresh_caches():
 
 
 def chain(n=6, act=100, cost=1.0, bandwidth=1000.0, pinned_forward=False) -> Graph:
-    """x -> f0 -> ... -> f{n-1} -> loss, each f_i's backward reading its input.
-    ``pinned_forward``: every forward node reads an input the step mutates (as batch norm does),
-    so recomputation cannot run it again and must keep every activation."""
-    b = GraphBuilder("chain")
-    hs = [b.input("x", 10)]
-    for i in range(n):
-        hs += b.op(f"f{i}", [hs[-1]], [act], cost=cost)
-    (loss,) = b.op("loss", [hs[-1]], [4], cost=cost)
-    (g,) = b.op("loss_bwd", [b.tangent("dloss", 4), hs[-1]], [act], phase="backward", cost=cost)
-    for i in range(n - 1, -1, -1):
-        (g,) = b.op(f"f{i}_bwd", [g, hs[i]] if i else [g], [act if i else 10], phase="backward", cost=2 * cost)
-    meta = {"transfer": {"d2h_bytes_per_s": bandwidth, "h2d_bytes_per_s": bandwidth}}
-    graph = b.build(forward_outputs=[loss], backward_outputs=[g], meta=meta)
-    if pinned_forward:
-        meta["no_backward_recompute"] = [n.id for n in graph.forward_nodes]
-        graph = Graph(graph.nodes, graph.values, graph.forward_outputs, graph.backward_outputs, graph.name, meta)
-    return graph
+    """The shared transfer chain (tests/swap_graphs.py), copies beside compute."""
+    return transfer_chain(n, act, cost, bandwidth, pinned_forward=pinned_forward)
 
 
 def without_transfer(graph: Graph) -> Graph:

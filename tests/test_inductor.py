@@ -32,6 +32,18 @@ def _step(module, ex, seed=0):
     ex.loss(module(*ex.args, **ex.kwargs)).backward()
 
 
+def _assert_same_grads(model, other, rtol=1e-5, atol=1e-6):
+    for mine, theirs in zip(_grads(model), _grads(other)):
+        torch.testing.assert_close(mine, theirs, rtol=rtol, atol=atol)
+
+
+def _with_model(ex, model):
+    """``ex`` (a zoo example) with ``model`` in place of its own."""
+    twin = copy.copy(ex)
+    twin.model = model
+    return twin
+
+
 def _recomputations(plan):
     return sum(1 for ins in plan.instructions if ins.kind == COMPUTE) - len(plan.graph.nodes)
 
@@ -53,14 +65,10 @@ def test_random_ops_replay_and_gradients_match_inductors_own_step(dropout_case):
     assert _recomputations(planned.plan) > 0, "the budget should make the plan recompute"
     assert any(n.random for n in planned.plan.graph.nodes)
     _step(planned, ex, seed=3)
-    ex_ref = copy.copy(ex)
-    ex_ref.model = reference
-    _step(unplanned, ex_ref, seed=3)
-    for mine, theirs in zip(_grads(ex.model), _grads(reference)):
-        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
-    _step(reference, ex_ref, seed=3)  # eager PyTorch draws the same numbers too
-    for mine, theirs in zip(_grads(ex.model), _grads(reference)):
-        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+    _step(unplanned, _with_model(ex, reference), seed=3)
+    _assert_same_grads(ex.model, reference)
+    _step(reference, _with_model(ex, reference), seed=3)  # eager PyTorch draws the same numbers too
+    _assert_same_grads(ex.model, reference)
 
 
 def test_inductors_own_random_numbers_replay_exactly():
@@ -72,11 +80,8 @@ def test_inductors_own_random_numbers_replay_exactly():
     store_all = remat.compile(twin, *ex.args, solver="store_all", example_kwargs=ex.kwargs, calibrate=False)
     assert _recomputations(smallest.plan) > 0 and _recomputations(store_all.plan) == 0
     _step(smallest, ex, seed=5)
-    ex_twin = copy.copy(ex)
-    ex_twin.model = twin
-    _step(store_all, ex_twin, seed=5)
-    for mine, theirs in zip(_grads(ex.model), _grads(twin)):
-        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+    _step(store_all, _with_model(ex, twin), seed=5)
+    _assert_same_grads(ex.model, twin)
 
 
 def test_measured_peak_is_within_the_budget_and_near_the_prediction(dropout_case):
@@ -103,15 +108,12 @@ def test_batch_norm_statistics_are_updated_once():
     assert _recomputations(planned.plan) > 0
     before = [b.clone() for b in ex.model.buffers()]
     _step(planned, ex)
-    ex_ref = copy.copy(ex)
-    ex_ref.model = reference
-    _step(reference, ex_ref)
+    _step(reference, _with_model(ex, reference))
     for b0, mine, theirs in zip(before, ex.model.buffers(), reference.buffers()):
         torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
         if b0.is_floating_point():
             assert not torch.equal(b0, mine)  # the statistics did move (once: equal to eager's)
-    for mine, theirs in zip(_grads(ex.model), _grads(reference)):
-        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
+    _assert_same_grads(ex.model, reference, rtol=1e-4, atol=1e-5)
 
 
 def test_the_fused_graph_hides_inlined_values_and_never_raises_the_store_all_peak():

@@ -190,12 +190,18 @@ class _Lowering:
                 self.current[vid] = g.node_copy(holder, lambda _a: new)
             self._forget_aliases_of(vid)
 
-    def _compute_random(self, nid: int, op: fx.Node) -> fx.Node:
-        g = self.graph
-        device = self._device(op)
+    def _rng_state_of(self, nid: int) -> fx.Node | None:
+        """The generator state of random node ``nid``'s first run, if it has run (in the
+        backward: saved by the forward); None before its first run."""
         state = self.rng.get(nid)
         if state is None and self.graph is self.bwd and nid in self.fwd_rng:
             state = self._demand_saved(("rng", nid))
+        return state
+
+    def _compute_random(self, nid: int, op: fx.Node) -> fx.Node:
+        g = self.graph
+        device = self._device(op)
+        state = self._rng_state_of(nid)
         if state is None:  # first run: remember the generator state, then run as usual
             state = g.call_function(rng_state, (device,))
             state.meta["val"] = self._fake_state(device)
@@ -219,9 +225,7 @@ class _Lowering:
         call, tensors = encode_call(op.target, args, kwargs)
         outputs_val = op.meta.get("val")
         outputs_val = list(outputs_val) if isinstance(outputs_val, (tuple, list)) else [outputs_val]
-        state = self.rng.get(nid)
-        if state is None and self.graph is self.bwd and nid in self.fwd_rng:
-            state = self._demand_saved(("rng", nid))
+        state = self._rng_state_of(nid)
         if state is None:
             after = [self.last_state] if self.last_state is not None else []
             run = g.call_function(torch.ops.remat.random_run.default, (device, call, tensors, after))
