@@ -26,9 +26,10 @@ Time. A copy of ``v`` takes ``latency_s + M_v / bandwidth`` (:func:`~remat.plan.
 * ``overlap=False`` (the CPU file store: every copy blocks compute): ``Σ_t C_t + X_t``. The
   decoded plan issues stage ``t``'s offloads, then its reloads, right before its first compute;
   each copy ends before the next instruction, so offloaded bytes are gone before the stage's
-  computes and reloaded values are usable in the stage itself. The model is **exact**: the
-  simulator's step time and memory rows equal the model's (peaks up to Checkmate's
-  conservative frees, as for ``checkmate``).
+  computes and reloaded values are usable in the stage itself. Time is **exact**: the
+  simulator's step time of the decoded plan equals the objective. Memory: the swap terms are
+  exactly the simulator's device bytes at each stage start; within a stage the rows are
+  Checkmate's (see below).
 * ``overlap=True`` (copies on a channel beside compute): stage ``t`` lasts
   ``D_t = max(C_t, X_t)`` — a barrier at the end of every stage, as in POET — and the
   objective is ``Σ_t D_t``; a value reloaded in stage ``t`` is usable from stage ``t+1`` and an
@@ -42,13 +43,26 @@ Time. A copy of ``v`` takes ``latency_s + M_v / bandwidth`` (:func:`~remat.plan.
   budget the model is solved again with ``X_t ≤ C_t`` in every stage ("no spill"), where the
   model and the simulator agree exactly on time and the model is conservative on memory.
 
+Two changes to Checkmate's memory rows: Checkmate's blanket reserve for generator states is
+replaced by ``Z_i ≥ R[t,i]`` per random node (its state counted from stage ``i`` on only when
+the plan replays it), and one gap in them is repaired after the fact: a forward node with a
+forward output (batch norm's running statistics) recomputed in the backward leaves a second
+copy that the decoded plan keeps to its last reader, which Checkmate's rows count only within
+the stage. Whenever the re-simulated plan peaks over the budget, the model is solved again
+(without spill, then with its own budget lowered by the excess; at most ``REPAIRS`` times).
+
 What the model leaves out (so its optimum is optimal among *its* plans, not among all plans):
 copies only at stage starts (``hybrid`` may reload in the middle of a stage), no swapping
 of backward-made values, tangents or forward outputs, and Checkmate's frontier-advancing
 stages with forward-only recomputation.
 
 The solver always re-simulates the decoded plan; a plan over the budget is never returned as
-fitting. ``plan.info`` holds the MILP objective (``objective_seconds``), its bound, the status,
+fitting. When no plan of the model fits, its smallest-peak plan is returned (over the budget,
+status ``infeasible at …``) so that the caller can name the minimum, as ``checkmate`` does.
+Warm start: the best of the baselines' plans, the ``hybrid`` greedy's plan (or ``warm_plans``)
+that the model can express; when HiGHS stops before finding anything better, that start is the
+plan returned. At the time limit the best plan found is returned with its gap and a
+:class:`~remat.errors.SolverTimeLimitWarning`. ``plan.info`` holds the MILP objective (``objective_seconds``), its bound, the status,
 the MIP gap, the simulated step time and which time model was solved. Graphs of more than
 ``MAX_NODES`` ops are refused (coarsen them first with :func:`remat.coarsen.coarsen_graph`).
 """
@@ -462,7 +476,11 @@ def solve_swap_milp(
             plan = solve_swap_milp(graph, None, time_limit=max(1.0, limit - (time.perf_counter() - start)),
                                    gap=1e-4, threads=threads, no_spill=no_spill, warm_start=warm_start, quiet=True,
                                    warm_plans=warm_plans)
-            plan.info["status"] = f"infeasible at {budget_bytes} bytes; smallest peak shown"
+            if plan.peak_bytes <= budget_bytes:  # a repair's lowered model budget was too low; this fits
+                plan.info["status"] = (f"no plan within the model's budget {model_budget} bytes; its smallest-peak plan "
+                                       f"fits {budget_bytes} (not proven optimal)")
+            else:
+                plan.info["status"] = f"infeasible at {budget_bytes} bytes; smallest peak shown"
             return plan
         raise SolverError(
             f"checkmate_swap found no plan for {graph.name!r} within {limit:.3g} s (HiGHS: {status_name}); "
