@@ -40,6 +40,7 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no compile worker
 
 import argparse  # noqa: E402
 import gc  # noqa: E402
+import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -62,14 +63,13 @@ from hierarchical import SMALL as GPT2_SMALL, grad_bytes, log, mib  # noqa: E402
 from provenance import git_revision, machine_facts  # noqa: E402
 
 INDUCTOR_BUDGETS = (1.0, 0.8, 0.6, 0.4, 0.2, 0.0)
-REMAT_FRACTIONS = (1.0, 0.6, 0.4, "min")
+REMAT_FRACTIONS = (1.0, "min")  # --fractions 1.0 0.6 0.4 min for more (each is another compile)
 ROUNDS = 3
 OVERHEAD_LIMIT = 0.10  # "at <= 10% step time over Inductor's default"
 TIGHTEST = 2  # Inductor's tightest points: its points with the smallest measured peaks
 
 GPT2_QUICK = dict(n_layer=2, n_embd=64, n_head=2, vocab=300, positions=64, batch=2, seq=64)
-QUICK_INDUCTOR_BUDGETS = (1.0, 0.4)
-QUICK_FRACTIONS = (1.0, "min")
+QUICK_INDUCTOR_BUDGETS = (1.0,)  # --quick: also no compiled checkpointing and no fractions
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,12 +221,16 @@ def compiled_point(model: nn.Module, args: tuple, label: str, tag: str, budget: 
 
 
 def remat_point(model: nn.Module, args: tuple, label: str, target: str, budget) -> Point:
-    """``remat.compile(model, *args, budget=budget)``; an infeasible budget gives a point with a note."""
+    """``remat.compile(model, *args, budget=budget)``; an infeasible budget gives a point with a note.
+
+    ``"min"`` is compiled without calibration: calibration re-plans below the budget when the measured
+    peak exceeds it, and below the smallest feasible budget there is no plan (remat.compile raises)."""
     t0 = time.perf_counter()
+    calibrate = budget != "min"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            m = remat.compile(model, *args, budget=budget)
+            m = remat.compile(model, *args, budget=budget, calibrate=calibrate)
     except InfeasibleBudgetError as err:
         return Point("remat", label, None, None, compile_s=time.perf_counter() - t0, target=target,
                      budget=budget if isinstance(budget, int) else None,
@@ -234,7 +238,8 @@ def remat_point(model: nn.Module, args: tuple, label: str, target: str, budget) 
     plan = m.plan
     return Point("remat", label, model, make_step(m, args), compile_s=time.perf_counter() - t0, target=target,
                  budget=plan.info.get("budget_bytes", plan.budget_bytes), predicted=plan.peak_bytes,
-                 calibration=str(plan.info.get("calibration", "")))
+                 calibration=str(plan.info.get("calibration", "")),
+                 note="" if calibrate else "compiled with calibrate=False")
 
 
 def remat_points(model, args, targets: list[tuple[str, str, object]], device: str) -> list[Point]:
@@ -254,8 +259,8 @@ def remat_points(model, args, targets: list[tuple[str, str, object]], device: st
             p = remat_point(model, args, label, target, budget)
             if p.step is not None:
                 p.peak = measure_peak(p, device)
-            log(f"  remat {label}: {p.compile_s:.0f} s; " + (p.note or f"budget {mib(p.budget)} MiB, predicted "
-                f"{mib(p.predicted)} MiB, measured {mib(p.peak)} MiB"))
+            log(f"  remat {label}: {p.compile_s:.0f} s; " + (f"{p.note}" if p.step is None else f"budget "
+                f"{mib(p.budget)} MiB, predicted {mib(p.predicted)} MiB, measured {mib(p.peak)} MiB {p.note}"))
         done.append(p)
     return done
 
@@ -286,7 +291,7 @@ def time_rounds(eager: Point, default: Point, others: list[Point], rounds: int, 
             p.times, p.vs_eager, p.vs_inductor = src.times, src.vs_eager, src.vs_inductor
 
 
-def bench_model(name: str, quick: bool, device: str, rounds: int) -> dict:
+def bench_model(name: str, quick: bool, device: str, rounds: int, fraction_list) -> dict:
     """Every method on model ``name``; returns the points and facts for the report."""
     torch._dynamo.reset()
     model, args, desc = build(name, quick, device)
@@ -300,13 +305,14 @@ def bench_model(name: str, quick: bool, device: str, rounds: int) -> dict:
         inductor.append(p)
     default = inductor[0]
     ckpt_model = with_checkpointed_blocks(build(name, quick, device)[0])
-    ckpt = [Point("checkpoint", "checkpoint eager", ckpt_model, make_step(ckpt_model, args)),
-            compiled_point(ckpt_model, args, "checkpoint + inductor", f"{name}_ckpt", method="checkpoint")]
-    log(f"  checkpoint + inductor: compiled in {ckpt[1].compile_s:.0f} s")
+    ckpt = [Point("checkpoint", "checkpoint eager", ckpt_model, make_step(ckpt_model, args))]
+    if not quick:
+        ckpt.append(compiled_point(ckpt_model, args, "checkpoint + inductor", f"{name}_ckpt", method="checkpoint"))
+        log(f"  checkpoint + inductor: compiled in {ckpt[1].compile_s:.0f} s")
     for p in (eager, *inductor, *ckpt):
         p.peak = measure_peak(p, device)
         log(f"  {p.label}: measured peak {mib(p.peak)} MiB")
-    fractions = QUICK_FRACTIONS if quick else REMAT_FRACTIONS
+    fractions = () if quick else fraction_list
     targets = [(f"remat {f}", "fraction" if f != "min" else "smallest feasible", f) for f in fractions]
     matched = sorted(((f"remat = {p.label}", f"{p.label}'s peak", p.peak) for p in (*inductor, *ckpt)),
                      key=lambda t: -t[2])
@@ -344,6 +350,7 @@ def table_md(r: dict) -> list[str]:
         elif p.method == "remat":
             budget = f"{p.target}" + (f": {mib(p.budget)} MiB" if p.budget is not None else "")
             within = "–" if p.peak is None else ("yes" if p.peak <= p.budget else "**no**")
+            within += f" ({p.note})" if p.note and p.peak is not None else ""
         else:
             budget, within = "–", "–"
         if p.peak is None:
@@ -449,11 +456,11 @@ def verdict_md(results: list[dict]) -> list[str]:
     return lines
 
 
-def report(results: list[dict], args, revision: str, elapsed: float) -> str:
+def report(results: list[dict], args, revision: str, elapsed: float, argv: list[str]) -> str:
     lines = [
         "# remat + Inductor against Inductor, eager PyTorch and per-block checkpointing",
         "",
-        f"Made by `benchmarks/inductor.py {' '.join(sys.argv[1:])}` on {machine_facts()}, device {args.device}, "
+        f"Made by `benchmarks/inductor.py {' '.join(argv)}` on {machine_facts()}, device {args.device}, "
         f"remat at commit {revision}. Total run time {elapsed / 60:.1f} min.",
         "",
         __doc__.split("\n\n", 2)[2].strip().replace("``", "`"),
@@ -492,13 +499,54 @@ def report(results: list[dict], args, revision: str, elapsed: float) -> str:
     return "\n".join(lines)
 
 
+def fraction(text: str):
+    return text if text == "min" else float(text)
+
+
+_SKIP = ("model", "step")
+
+
+def save(results: list[dict], path: str, revision: str = "", elapsed: float = 0.0) -> None:
+    """The measurements (no modules) as JSON, so the report can be rewritten with --load."""
+    def enc(v):
+        if isinstance(v, Point):
+            return {k: getattr(v, k) for k in Point.__dataclass_fields__ if k not in _SKIP}
+        if isinstance(v, list):
+            return [enc(x) for x in v]
+        return v
+
+    data = {"results": [{k: enc(v) for k, v in r.items()} for r in results], "revision": revision,
+            "elapsed": elapsed, "argv": sys.argv[1:], "machine": machine_facts()}
+    Path(path).write_text(json.dumps(data))
+
+
+def load(results: list[dict]) -> list[dict]:
+    def dec(v):
+        if isinstance(v, dict) and "method" in v:
+            return Point(model=None, step=None, **v)
+        if isinstance(v, list):
+            return [dec(x) for x in v]
+        return v
+
+    return [{k: dec(v) for k, v in r.items()} for r in results]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="tiny models, fewer points, 1 round, no md (a smoke test)")
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--models", nargs="+", default=["gpt2", "resnet18"], choices=["gpt2", "resnet18"])
+    ap.add_argument("--models", nargs="+", default=["resnet18", "gpt2"], choices=["gpt2", "resnet18"])
+    ap.add_argument("--fractions", nargs="+", default=list(REMAT_FRACTIONS), type=fraction)
+    ap.add_argument("--save", help="also write the measurements as JSON here (after each model)")
+    ap.add_argument("--load", help="write the report from a --save file instead of measuring")
     args = ap.parse_args()
+    if args.load:
+        saved = json.loads(Path(args.load).read_text())
+        text = report(load(saved["results"]), args, saved["revision"], saved["elapsed"], saved["argv"])
+        Path(__file__).with_suffix(".md").write_text(text)
+        print(text)
+        return
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     warnings.filterwarnings("ignore", category=FutureWarning)
     if args.quick:
@@ -506,9 +554,14 @@ def main() -> None:
     start, revision = time.perf_counter(), git_revision()
     results = []
     for name in args.models:
-        results.append(bench_model(name, args.quick, args.device, args.rounds))
+        results.append(bench_model(name, args.quick, args.device, args.rounds, args.fractions))
+        if args.save:
+            save(results, args.save)
         gc.collect()
-    text = report(results, args, revision, time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    if args.save:
+        save(results, args.save, revision, elapsed)
+    text = report(results, args, revision, elapsed, sys.argv[1:])
     print(text)
     if not args.quick:
         out = Path(__file__).with_suffix(".md")
