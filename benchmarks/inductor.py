@@ -378,9 +378,14 @@ def matched_md(r: dict) -> list[str]:
         "remat ≤ its step time? | remat overhead ÷ its overhead |",
         "|---|---|---|---|---|---|---|",
     ]
+    smallest = min((q for q in r["remat"] if q.peak is not None), key=lambda q: q.peak, default=None)
     for p, q in matched_rows(r):
         if q.peak is None:
-            lines.append(f"| {p.label} | {mib(p.peak)} | {ratio(p.r_inductor)} | – ({q.note}) | – | – | – |")
+            aside = ""
+            if smallest is not None and smallest.peak <= p.peak:
+                aside = (f"; {smallest.label} measured {mib(smallest.peak)} MiB, below this peak, at "
+                         f"{ratio(smallest.r_inductor)}× Inductor default")
+            lines.append(f"| {p.label} | {mib(p.peak)} | {ratio(p.r_inductor)} | – ({q.note}{aside}) | – | – | – |")
             continue
         faster = "yes" if q.r_inductor <= p.r_inductor else "**no**"
         over = (f"{(q.r_inductor - 1) / (p.r_inductor - 1):.2f}" if p.r_inductor - 1 > 0.005 else "– (its overhead ≤ 0.5%)")
