@@ -484,6 +484,7 @@ NOTES = """## Notes
 
 
 def report(results: list[dict], args, revision: str, elapsed: float, argv: list[str]) -> str:
+    argv = [a for i, a in enumerate(argv) if a != "--save" and (i == 0 or argv[i - 1] != "--save")]
     lines = [
         "# remat + Inductor against Inductor, eager PyTorch and per-block checkpointing",
         "",
