@@ -488,7 +488,7 @@ def report(results: list[dict], args, revision: str, elapsed: float, argv: list[
     lines = [
         "# remat + Inductor against Inductor, eager PyTorch and per-block checkpointing",
         "",
-        f"Made by `benchmarks/inductor.py {' '.join(argv)}` on {machine_facts()}, device {args.device}, "
+        f"Made by `{' '.join(['benchmarks/inductor.py', *argv])}` on {machine_facts()}, device {args.device}, "
         f"remat at commit {revision}. Total run time {elapsed / 60:.1f} min.",
         "",
         __doc__.split("\n\n", 2)[2].strip().replace("``", "`"),
