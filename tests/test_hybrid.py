@@ -139,3 +139,35 @@ def test_hybrid_plan_runs_with_store_all_gradients_bitwise():
     module = optimized(ex, solver="hybrid", budget="min", cost_model="unit", cache=False)
     assert module.plan.solver == "hybrid" and module.plan.simulation.offloaded > 0
     assert_bitwise(run_step(ex, module, steps=2), ref)
+
+
+def test_within_budget_the_greedy_keeps_recomputed_values_instead_of_recomputing():
+    """From checkpoint_all's schedule at store_all's budget, the *keep* switch (drop a recomputation,
+    keep its values) leads back to store_all's step: no recomputation and no copy (copies here are
+    synchronous, so a swapped value would cost time)."""
+    from remat.solvers.hybrid import State, _Search
+
+    g = transfer_chain(5, overlap=False)
+    store = solve("store_all", g, None)
+    start = solve("checkpoint_all", g, None)
+    assert start.recomputations > 0
+    fwd, bwd = start.schedule()
+    fit, _, _ = _Search(g, store.peak_bytes).refine(State(tuple(fwd), tuple(bwd), ()), float("inf"))
+    assert fit.plan.recomputations == 0 and not fit.plan.offloaded_values
+    assert fit.step == pytest.approx(store.step_seconds)
+
+
+def test_synchronous_copies_reload_just_before_use_and_reach_the_swap_milps_optimum():
+    """dropout_mlp (tiny) with the CPU file store's synchronous copies, at the greedy's smallest budget:
+    the swap MILP proves an optimum of one swap and four recomputations, which the greedy reaches by
+    swapping a value with its reload placed after the peak (no earlier reload helps a synchronous copy)."""
+    ex = zoo.build("dropout_mlp", size="tiny")
+    g = remat.plan(ex.model, *ex.args, solver="store_all", **ex.kwargs).graph
+    meta = {**g.meta, "transfer": {"d2h_bytes_per_s": 8.15e8, "h2d_bytes_per_s": 8.56e8, "latency_s": 1.2e-4,
+                                   "overlap": False}}  # the CPU file store as measured here once
+    g = Graph(g.nodes, g.values, g.forward_outputs, g.backward_outputs, g.name, meta)
+    budget = solve("hybrid", g, 0).peak_bytes
+    greedy = solve("hybrid", g, budget)
+    optimum = solve("checkmate_swap", g, budget, time_limit=30)
+    assert optimum.info["status"] == "optimal" and greedy.peak_bytes <= budget
+    assert greedy.step_seconds <= 1.05 * optimum.step_seconds, (greedy.step_seconds, optimum.step_seconds)

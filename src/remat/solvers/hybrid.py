@@ -12,10 +12,15 @@ value is then offloaded right after its last forward use and reloaded at its pos
 2. Candidate switches of a state:
 
    * *swap* a value the forward saves for the backward (not a forward output); its reload goes
-     just early enough that the compute before its first backward use covers the copy;
+     just early enough that the compute before its first backward use covers the copy (right
+     before that use when copies are synchronous, since nothing can cover them), and after the
+     peak while over the budget;
    * *drop a recomputation* in the backward: the recomputed values are then kept from the
      forward and swapped, and every recomputation that only fed it is dropped too;
-   * *reload later* (only while over the budget): move a swapped value's reload past the peak.
+   * *reload later* (only while over the budget): move a swapped value's reload past the peak;
+   * within the budget also *keep* (drop a recomputation and keep its values in memory, not
+     swapped) and *unswap* (keep a swapped value in memory): memory left under the budget
+     bought back as time.
 
 3. While the plan is over the budget, take the switch that lowers (peak, bytes over the budget,
    step time) most; once it fits, the switch with the least step time among those still within the
@@ -92,6 +97,8 @@ class _Search:
     def __init__(self, graph: Graph, budget: int):
         self.graph, self.budget = graph, budget
         self.h2d = float(graph.meta["transfer"]["h2d_bytes_per_s"])
+        self.d2h = float(graph.meta["transfer"]["d2h_bytes_per_s"])
+        self.overlap = bool(graph.meta["transfer"].get("overlap", True))
         self.forward_outputs = set(graph.forward_outputs) | set(graph.backward_outputs)
         self._base: dict[tuple, Plan] = {}
         self.simulations = 0
@@ -133,8 +140,16 @@ class _Search:
         return {v: (last_fwd[v], q) for v, q in first_bwd.items()
                 if values[v].kind == ACTIVATION and v not in self.forward_outputs}
 
+    def copy_seconds(self, v: int) -> float:
+        """Time of one value's offload and reload at the measured bandwidths (a stall bound)."""
+        nbytes = self.graph.values[v].bytes
+        return nbytes / self.h2d + nbytes / self.d2h
+
     def reload_position(self, seq, lo: int, first_use: int, nbytes: int) -> int:
-        """The latest position whose compute up to ``first_use`` covers the reload copy (≥ lo)."""
+        """The latest position whose compute up to ``first_use`` covers the reload copy (≥ lo);
+        ``first_use`` itself when copies are synchronous (nothing covers them)."""
+        if not self.overlap:
+            return first_use
         need = nbytes / self.h2d
         r, covered = first_use, 0.0
         while r - 1 >= lo and covered < need:
@@ -168,15 +183,18 @@ class _Search:
         return _Eval(state, plan, self.budget)
 
     # ---------------------------------------------------------------- switches
-    def swap(self, state: State, v: int, info) -> State:
+    def swap(self, state: State, v: int, info, peak_pos: int | None = None) -> State:
+        """Swap ``v``; its reload after ``peak_pos`` (the peak's position, while over the budget)."""
         seq = state.forward + state.backward
         last, first = info[v]
         r = self.reload_position(seq, last + 1, first, self.graph.values[v].bytes)
+        if peak_pos is not None and r <= peak_pos < first:
+            r = peak_pos + 1
         return State(state.forward, state.backward, tuple(sorted(state.reloads + ((v, r),))))
 
-    def drop(self, state: State, j: int) -> State | None:
+    def drop(self, state: State, j: int, swap: bool = True) -> State | None:
         """``state`` without the backward computation at position ``j`` and the recomputations that
-        only fed it; the values it recomputed are swapped instead."""
+        only fed it; the values it recomputed are swapped instead (``swap``) or kept in memory."""
         nf = len(state.forward)
         bwd = list(state.backward)
         removed = {j}
@@ -199,6 +217,8 @@ class _Search:
             return r - sum(1 for x in cut if x < r)
 
         reloads = {v: shift(r) for v, r in state.reloads}
+        if not swap:
+            return State(state.forward, new_bwd, tuple(sorted(reloads.items())))
         info = self.instances(state.forward, new_bwd)
         old_seq, seq = state.forward + state.backward, state.forward + new_bwd
         for pos in cut:
@@ -228,19 +248,27 @@ class _Search:
             recomputed = [pos for pos in range(nf, len(seq)) if graph.nodes[seq[pos]].phase == FORWARD]
             near = sorted(recomputed, key=lambda p: abs(p - peak_pos))[: CANDIDATES // 4]
             out.extend((0.0, "drop", p) for p in near)
-        else:
+        else:  # within the budget: trade memory left under it for time
             for pos in range(nf, len(seq)):
                 node = graph.nodes[seq[pos]]
                 if node.phase == FORWARD:
-                    out.append((node.cost, "drop", pos))
+                    copies = sum(self.copy_seconds(v) for v in node.outputs)
+                    out.append((node.cost, "keep", pos))
+                    out.append((node.cost - copies, "drop", pos))
+            for v in swapped:
+                out.append((self.copy_seconds(v), "unswap", v))
         out.sort(key=lambda c: -c[0])
         return out[:CANDIDATES]
 
     def apply(self, state: State, kind: str, target: int, peak_pos: int | None = None) -> State | None:
         if kind == "swap":
-            return self.swap(state, target, self.instances(state.forward, state.backward))
+            return self.swap(state, target, self.instances(state.forward, state.backward), peak_pos)
         if kind == "drop":
             return self.drop(state, target)
+        if kind == "keep":
+            return self.drop(state, target, swap=False)
+        if kind == "unswap":
+            return State(state.forward, state.backward, tuple(r for r in state.reloads if r[0] != target))
         # "later": reload right after the peak position
         reloads = dict(state.reloads)
         reloads[target] = peak_pos + 1
