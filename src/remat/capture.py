@@ -11,7 +11,13 @@ listing the forward outputs followed by the gradients of the primals.
   op is an output value of that op;
 * views and other aliases (``t``, ``view``, ``detach``, ``expand``, ``split`` …) are
   recognized by sharing storage with an input and folded into the value they alias;
-* the forward phase is every node the forward outputs depend on; the rest is backward;
+* the forward phase is every node the forward outputs depend on, and every node the new
+  value of a mutated input depends on (see below); the rest is backward;
+* mutations of inputs that AOTAutograd keeps in the graph (``copy_(primal, new)`` at the
+  end of the forward, as it does for a compiler that supports them, e.g. Inductor with
+  BatchNorm's running statistics) are recorded in ``Capture.input_mutations``; ``new`` is a
+  forward output of the Graph (it must exist when the forward ends, where the lowering
+  writes it back), and the ops that read the old value are never recomputed in the backward;
 * sizes are exact storage bytes; random ops are flagged from ``Tag.nondeterministic_seeded``.
 
 The :class:`Capture` keeps the mapping back to FX nodes that :mod:`remat.lower` needs.
@@ -48,6 +54,8 @@ class Capture:
     fwd_outputs: list  # FX nodes (or None) the forward returns, in order
     bwd_outputs: list  # FX nodes (or None) the backward returns, in order
     extra: dict = field(default_factory=dict)
+    # (primal placeholder, FX node of its new value): written back when the forward ends
+    input_mutations: list = field(default_factory=list)
 
 
 def _storage_key(val) -> int | None:
@@ -95,6 +103,29 @@ def is_batch_norm_with_stats(node: fx.Node) -> bool:
     return node.target is BATCH_NORM_FUNCTIONAL and bool(node.args[5])
 
 
+COPY_ = torch.ops.aten.copy_.default
+
+
+def _input_mutations(fx_graph: fx.Graph) -> list[tuple[fx.Node, fx.Node]]:
+    """``(primal, new value)`` of each ``copy_`` into a primal placeholder: an input mutation
+    AOTAutograd kept in the graph. Only forward mutations are supported (a CaptureError otherwise)."""
+    found = []
+    for n in fx_graph.find_nodes(op="call_function", target=COPY_):
+        dest, src = n.args[0], n.args[1]
+        if not (isinstance(dest, fx.Node) and dest.op == "placeholder"):
+            continue
+        if n.meta.get("partitioner_tag") in ("is_backward", "must_be_in_backward"):
+            raise CaptureError(
+                f"the step writes a new value into its input {dest.name} during the backward, which remat cannot "
+                "plan yet: move that in-place update out of the autograd.Function's backward (or out of the "
+                "backward hook), or compile without remat"
+            )
+        if not isinstance(src, fx.Node):
+            raise CaptureError(f"remat cannot plan the in-place update of input {dest.name} (copy_ of a constant)")
+        found.append((dest, src))
+    return found
+
+
 def rng_state_bytes(device: torch.device) -> int:
     """Bytes of the generator state a replay of a random op keeps."""
     if device.type == "cuda":
@@ -120,9 +151,11 @@ def capture_joint(
     outputs = list(output_node.args[0])
     fwd_outputs, bwd_outputs = outputs[:num_fwd_outputs], outputs[num_fwd_outputs:]
 
-    # forward phase: everything the forward outputs depend on
+    input_mutations = _input_mutations(fx_graph)
+
+    # forward phase: everything the forward outputs and the new values of mutated inputs depend on
     forward: set[fx.Node] = set()
-    stack = [n for n in fwd_outputs if isinstance(n, fx.Node)]
+    stack = [n for n in fwd_outputs if isinstance(n, fx.Node)] + [src for _dest, src in input_mutations]
     while stack:
         n = stack.pop()
         if n in forward:
@@ -267,13 +300,14 @@ def capture_joint(
         idx = getattr(inp, "idx", None)
         if idx is not None and idx < len(primals):
             mutated.add(value_id[primals[idx]])
+    mutated.update(value_id[dest] for dest, _src in input_mutations)  # mutated in the graph itself
     no_backward_recompute = []
     for nid, n in enumerate(op_node):
         reads = set(builder.nodes[nid].inputs)
         if reads & mutated and not is_batch_norm_with_stats(n):
             no_backward_recompute.append(nid)
 
-    fwd_vals = [out_value(x) for x in fwd_outputs]
+    fwd_vals = [out_value(x) for x in fwd_outputs] + [out_value(src) for _dest, src in input_mutations]
     bwd_vals = [out_value(x) for x in bwd_outputs]
     # the joint graph returns one gradient per primal (None where it needs none)
     grad_inputs = (
@@ -305,5 +339,6 @@ def capture_joint(
         tangents=tangents,
         fwd_outputs=fwd_outputs,
         bwd_outputs=bwd_outputs,
+        input_mutations=input_mutations,
     )
 

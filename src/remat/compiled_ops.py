@@ -19,6 +19,7 @@ as they are), and they are never merged, since no two have the same arguments.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -60,8 +61,19 @@ def encode_call(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[s
     return text, tensors
 
 
-def decode_call(call: str, tensors: list) -> tuple[Any, tuple, dict]:
+@functools.lru_cache(maxsize=4096)
+def _parse(call: str) -> tuple[Any, list, dict]:
+    """The op, JSON args and JSON kwargs of ``call``, parsed once per distinct text: a graph
+    replays the same calls every step, and parsing costs more than a small random op."""
     spec = json.loads(call)
+    namespace, name = spec["op"].split("::")
+    op = getattr(getattr(getattr(torch.ops, namespace), name), spec["overload"])
+    return op, spec["args"], spec["kwargs"]
+
+
+def decode_call(call: str, tensors: list) -> tuple[Any, tuple, dict]:
+    """``(op, args, kwargs)`` of ``call`` (from :func:`encode_call`), its tensors taken from ``tensors``."""
+    op, args, kwargs = _parse(call)
 
     def dec(a):
         if isinstance(a, dict):
@@ -79,9 +91,7 @@ def decode_call(call: str, tensors: list) -> tuple[Any, tuple, dict]:
             return tuple(dec(y) for y in x)
         return a
 
-    namespace, name = spec["op"].split("::")
-    op = getattr(getattr(getattr(torch.ops, namespace), name), spec["overload"])
-    return op, tuple(dec(a) for a in spec["args"]), {k: dec(v) for k, v in spec["kwargs"].items()}
+    return op, tuple(dec(a) for a in args), {k: dec(v) for k, v in kwargs.items()}
 
 
 def _outputs(result) -> list[torch.Tensor]:

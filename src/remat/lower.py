@@ -14,6 +14,8 @@ joint graph's FX nodes.
   ``saved values + tangents`` and returns the gradients: exactly what the AOTAutograd
   runtime expects from a partition function. Saved values are found on demand: the
   first time the backward reads a value it did not compute, it becomes a placeholder.
+* An input mutation AOTAutograd kept in the joint graph (``copy_(primal, new)``) is written
+  back once, when the forward ends, from the new value's copy current there.
 * A random op's first run is preceded by ``rng_state(device)``; every later run goes
   through ``replay_random(state, ...)``, so it draws the same numbers.
 * ``offload(v)`` becomes ``h = runtime.offload(store_id, v)`` and the copy of v is forgotten,
@@ -278,6 +280,18 @@ class _Lowering:
             else:
                 raise InvalidPlanError(f"lowering does not support {ins.kind} instructions yet")
 
+    def _write_back_mutated_inputs(self):
+        """``copy_(primal, new value)`` for each input mutation kept in the joint graph (BatchNorm's
+        running statistics under Inductor), once, when the forward ends, as in the joint graph: every
+        read of the old value (recomputations included) comes before it, and the capture keeps the
+        ops that read it out of the backward. The new value is a forward output of the plan's graph,
+        so it is resident here."""
+        for dest, src in self.cap.input_mutations:
+            primal = self.current[self.cap.value_id[dest]]
+            new = self._resolve(src)
+            write = self.fwd.call_function(torch.ops.aten.copy_.default, (primal, new))
+            write.meta.update(dest.meta)
+
     # ---------------------------------------------------------------- driver
     def lower(self) -> tuple[fx.GraphModule, fx.GraphModule]:
         cap = self.cap
@@ -288,6 +302,7 @@ class _Lowering:
             self.current[cap.value_id[p]] = ph
         self._run(self.plan.forward_instructions)
         fwd_user_outputs = [self._resolve(x) if isinstance(x, fx.Node) else x for x in cap.fwd_outputs]
+        self._write_back_mutated_inputs()
         for vid in list(self.unwaited):  # reloads saved for the backward: landed before the forward returns
             self._resolve(cap.value_node[vid])
         self.fwd_current, self.fwd_rng, self.fwd_handles = dict(self.current), dict(self.rng), dict(self.handles)
