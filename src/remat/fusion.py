@@ -84,8 +84,31 @@ class Fused:
         )
 
 
-def _fused_workspace(graph: Graph, members: list[int], escaping: set[int]) -> int:
-    return max(graph.nodes[n].workspace for n in members)
+def _generated_by_inductor(node: fx.Node) -> bool:
+    """Whether Inductor writes ``node``'s kernel itself (a loop nest of its own code generation)
+    rather than calling an external kernel (``mm``, a convolution, a fallback to the eager op):
+    ``node``'s op has a lowering in ``torch._inductor.lowering`` and is not one of its fallbacks.
+
+    Such an op allocates only its outputs, whatever temporaries eager's implementation (which
+    ``workspace="measure"`` measured) allocates. Ops lowered to extern kernels or templates have
+    their lowering in ``torch._inductor.kernel``; ops without a lowering fall back to eager."""
+    from torch._inductor import lowering
+
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or target in lowering.fallbacks:
+        return False
+    fn = lowering.lowerings.get(target)
+    return fn is not None and getattr(fn, "__module__", None) == lowering.__name__
+
+
+def _workspace_of(capture: Capture):
+    """A fused node's workspace: the largest of its ops' that Inductor does not generate itself."""
+
+    def workspace(graph: Graph, members: list[int], escaping: set[int]) -> int:
+        return max((graph.nodes[n].workspace for n in members
+                    if not _generated_by_inductor(capture.op_node[n])), default=0)
+
+    return workspace
 
 
 def fusion_groups(capture: Capture) -> list[list[int]]:
@@ -135,7 +158,7 @@ def fuse(capture: Capture) -> Fused:
     """The fused graph of ``capture`` (see the module docstring)."""
     groups = fusion_groups(capture)
     graph = graph_of_groups(capture.graph, groups, name=f"{capture.graph.name} (fused)",
-                            workspace_of=_fused_workspace)
+                            workspace_of=_workspace_of(capture))
     return Fused(graph, groups, capture.graph)
 
 
