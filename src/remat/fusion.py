@@ -6,32 +6,50 @@ kernel and never exists in memory, while the consumer's kernel reads the produce
 remat plans the compiled step on a *fused graph* that says the same:
 
 * a node is **inlined** into its consumer when it is a pointwise op (``Tag.pointwise``, or a
-  tensor factory / dtype conversion Inductor lowers the same way), its one output is not a
-  forward or backward output, and exactly one node reads it -- a pointwise op or a reduction
-  of the same phase (an extern kernel such as ``mm`` or a convolution needs its inputs in
-  memory, and so does a composite op Inductor decomposes);
+  tensor factory / dtype conversion / index computation Inductor lowers the same way), its one
+  output is not a forward or backward output, and exactly one node reads it -- a pointwise op, a
+  reduction or a loop body that loads its inputs (max pooling's backward, ``scatter_add``) of the
+  same phase (an extern kernel such as ``mm`` or a convolution needs its inputs in memory, and so
+  does a composite op Inductor decomposes);
 * chains inline transitively; a chain stops growing once it reads more than
   ``MAX_INLINED_READS`` distinct values (Inductor realises such a loop body,
   ``config.realize_acc_reads_threshold``);
+* an ``mm`` whose only reader is an ``add`` joins the add's group (:func:`addmm_pairs`):
+  Inductor's post-grad pass rewrites the pair into one ``addmm`` at the add, so the product and its
+  inputs live until then (a tied embedding's gradient keeps the logits' gradient to the end);
 * every other value is materialised, also a pointwise value read by several ops: remat
   compiles with ``config.realize_reads_threshold = 0``, which makes Inductor store such a
   value once instead of recomputing it inside each reader (which would keep the value's own
   inputs alive until its last reader, a lifetime the plan does not see).
 
 A fused node is one group of ops ``[inlined producers..., consumer]``; its inputs are what the
-group reads from outside, its outputs the consumer's, its cost the sum of its ops' costs and its
-workspace the largest of theirs (inlined values never exist). The groups in order of their
-consumers are a topological order: an inlined producer has one reader, so nothing between it
-and that reader depends on it. :meth:`Fused.expand` turns a plan of the fused graph into the
-op-level plan the lowering replays; Inductor then fuses the same chains again.
+group reads from outside, its outputs the consumer's, its cost the sum of its ops' costs. Its
+workspace is the largest of its ops' that Inductor does not generate code for (extern kernels and
+fallbacks, :func:`_generated_by_inductor`): a loop nest Inductor writes allocates only its outputs,
+whatever eager's implementation of the op (which ``workspace="measure"`` measured) allocates. The
+groups in order of their consumers are a topological order: an inlined producer has one reader, so
+nothing between it and that reader depends on it. :meth:`Fused.expand` turns a plan of the fused
+graph into the op-level plan the lowering replays; Inductor then fuses the same chains again.
 
-What Inductor does beyond this model only lowers the measured peak: kernels it fuses so that a
-materialised value's every reader is in the same kernel (the value then stays in registers),
-buffers it updates in place, and the values of composite ops it decomposes.
+What Inductor's scheduler does beyond this model, seen in its generated code (``del`` and
+``# reuse`` lines of the wrapper):
+
+* it fuses a materialised value's readers into the producer's kernel, so that the value never
+  exists (a log-softmax backward: the product read by a row sum and by the pointwise op after it
+  is one kernel), and writes a kernel's output into the storage of an input that dies there
+  (``config.inplace_buffers``, also the backward's saved inputs, which AOTAutograd donates): both
+  lower the measured peak below the plan's, by up to a few of the largest values;
+* it fuses kernels horizontally and vertically across the plan's order, so that an output fused
+  into an earlier kernel is allocated early (a gradient of the final layer norm computed with the
+  first one of the backward), which raises the measured peak a little.
+
+:func:`remat.inductor.calibrate` measures the compiled step and re-plans when the peak is above
+the budget.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 import torch
@@ -48,7 +66,14 @@ _aten = torch.ops.aten
 _POINTWISE_EXTRA_NAMES = (
     "aten.full.default", "aten.scalar_tensor.default", "aten._to_copy.default",
     "prims.inductor_random.default", "prims.inductor_lookup_seed.default",
+    # untagged, but lowered by Inductor to an elementwise loop body (max pooling's saved offsets -> indices)
+    "prims._low_memory_max_pool_offsets_to_indices.default",
 )
+# Not pointwise or reductions, but lowered by Inductor to loop bodies that load their inputs through
+# the inputs' own loop bodies, so a pointwise input is inlined into them: max pooling's backward
+# (a gather over a window) and scatter_add, which max pooling's backward decomposes to (it reads
+# index and src through loaders and writes into its realised ``self``, whose buffer it returns).
+_INLINING_READER_NAMES = ("aten.max_pool2d_with_indices_backward.default", "aten.scatter_add.default")
 
 
 def _is_pointwise(node: fx.Node) -> bool:
@@ -61,6 +86,11 @@ def _is_pointwise(node: fx.Node) -> bool:
 def _is_reduction(node: fx.Node) -> bool:
     target = node.target
     return isinstance(target, torch._ops.OpOverload) and torch.Tag.reduction in target.tags
+
+
+def _inlines_its_inputs(node: fx.Node) -> bool:
+    """Whether Inductor computes a pointwise input of ``node`` inside ``node``'s kernel."""
+    return _is_pointwise(node) or _is_reduction(node) or str(node.target) in _INLINING_READER_NAMES
 
 
 @dataclass
@@ -84,8 +114,77 @@ class Fused:
         )
 
 
-def _fused_workspace(graph: Graph, members: list[int], escaping: set[int]) -> int:
-    return max(graph.nodes[n].workspace for n in members)
+def _generated_by_inductor(node: fx.Node) -> bool:
+    """Whether Inductor writes ``node``'s kernel itself (a loop nest of its own code generation)
+    rather than calling an external kernel (``mm``, a convolution, a fallback to the eager op):
+    ``node``'s op has a lowering in ``torch._inductor.lowering`` and is not one of its fallbacks.
+
+    Such an op allocates only its outputs, whatever temporaries eager's implementation (which
+    ``workspace="measure"`` measured) allocates. Ops lowered to extern kernels or templates have
+    their lowering in ``torch._inductor.kernel``; ops without a lowering fall back to eager."""
+    lowering = importlib.import_module("torch._inductor.lowering")  # registers Inductor's lowerings
+
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or target in lowering.fallbacks:
+        return False
+    fn = lowering.lowerings.get(target)
+    return fn is not None and getattr(fn, "__module__", None) == lowering.__name__
+
+
+def _workspace_of(capture: Capture):
+    """A fused node's workspace: the largest of its ops' that Inductor does not generate itself."""
+
+    def workspace(graph: Graph, members: list[int], escaping: set[int]) -> int:
+        return max((graph.nodes[n].workspace for n in members
+                    if not _generated_by_inductor(capture.op_node[n])), default=0)
+
+    return workspace
+
+
+def _is_gpu(device: torch.device) -> bool:
+    return device.type not in ("cpu", "meta")
+
+
+def addmm_pairs(capture: Capture) -> dict[int, int]:
+    """``{mm op id: add op id}`` for each ``add(mm(a, b), c)`` that Inductor's post-grad pattern
+    (``torch._inductor.fx_passes.post_grad.addmm``) rewrites into ``addmm(c, a, b)`` *at the add*.
+
+    The matrix product then runs where the add runs, which can be much later: the tied embedding's
+    gradient, ``embedding_backward + mm(logits_grad^T, hidden)``, keeps the logits' gradient alive
+    through the whole backward. The rewrite applies when the ``mm`` has no other reader, ``c`` is a
+    tensor of the product's dtype whose shape expands to the product's, and (on a GPU) not when
+    every reader of the sum is pointwise (Inductor then prefers the unfused add)."""
+    from torch._prims_common import is_expandable_to
+
+    graph = capture.graph
+    pairs: dict[int, int] = {}
+    for node in graph.nodes:
+        mm = capture.op_node[node.id]
+        if mm.target is not _aten.mm.default or len(node.outputs) != 1:
+            continue
+        if node.outputs[0] in graph.forward_outputs or node.outputs[0] in graph.backward_outputs:
+            continue
+        readers = set(graph.users[node.outputs[0]])
+        if len(readers) != 1 or len(mm.users) != 1:
+            continue
+        reader = graph.nodes[readers.pop()]
+        add = capture.op_node[reader.id]
+        if add.target is not _aten.add.Tensor or next(iter(mm.users)) is not add or reader.phase != node.phase:
+            continue
+        if add.kwargs.get("alpha", 1) != 1:
+            continue
+        others = [a for a in add.args if a is not mm]
+        if len(others) != 1 or not isinstance(others[0], fx.Node):
+            continue
+        c, product = others[0].meta.get("val"), mm.meta.get("val")
+        if not isinstance(c, torch.Tensor) or not isinstance(product, torch.Tensor) or c.dtype != product.dtype:
+            continue
+        if not is_expandable_to(tuple(c.shape), tuple(product.shape)):
+            continue
+        if _is_gpu(c.device) and all(_is_pointwise(u) for u in add.users):
+            continue
+        pairs[node.id] = reader.id
+    return pairs
 
 
 def fusion_groups(capture: Capture) -> list[list[int]]:
@@ -93,7 +192,8 @@ def fusion_groups(capture: Capture) -> list[list[int]]:
     graph = capture.graph
     nodes, values, users = graph.nodes, graph.values, graph.users
     outputs = set(graph.forward_outputs) | set(graph.backward_outputs)
-    inlined_into: dict[int, int] = {}  # producer node -> the node it is inlined into
+    inlined_into: dict[int, int] = dict(addmm_pairs(capture))  # producer node -> the node it is inlined into
+    addmm_adds = set(inlined_into.values())  # extern addmm kernels: read their inputs from memory
     reads: dict[int, set[int]] = {}  # node -> values its (fused) loop body reads
 
     for node in nodes:
@@ -106,7 +206,7 @@ def fusion_groups(capture: Capture) -> list[list[int]]:
                 body_reads.add(v)
         reads[node.id] = body_reads
         fx_node = capture.op_node[node.id]
-        if len(node.outputs) != 1 or node.random or not _is_pointwise(fx_node):
+        if len(node.outputs) != 1 or node.random or not _is_pointwise(fx_node) or node.id in addmm_adds:
             continue
         (v,) = node.outputs
         readers = users[v]
@@ -114,7 +214,7 @@ def fusion_groups(capture: Capture) -> list[list[int]]:
             continue
         reader = nodes[readers[0]]
         reader_fx = capture.op_node[reader.id]
-        if reader.phase != node.phase or not (_is_pointwise(reader_fx) or _is_reduction(reader_fx)):
+        if reader.phase != node.phase or reader.id in addmm_adds or not _inlines_its_inputs(reader_fx):
             continue
         if len(body_reads) > MAX_INLINED_READS:
             continue
@@ -135,8 +235,8 @@ def fuse(capture: Capture) -> Fused:
     """The fused graph of ``capture`` (see the module docstring)."""
     groups = fusion_groups(capture)
     graph = graph_of_groups(capture.graph, groups, name=f"{capture.graph.name} (fused)",
-                            workspace_of=_fused_workspace)
+                            workspace_of=_workspace_of(capture))
     return Fused(graph, groups, capture.graph)
 
 
-__all__ = ["Fused", "fuse", "fusion_groups", "MAX_INLINED_READS"]
+__all__ = ["Fused", "fuse", "fusion_groups", "addmm_pairs", "MAX_INLINED_READS"]

@@ -1,0 +1,108 @@
+"""remat.fusion: the fused graph remat plans Inductor-compiled steps on.
+
+The joint graphs here are traced with AOTAutograd and no code generation (fast); the measured
+peaks of compiled steps are checked in test_inductor.py."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+from torch._functorch.partitioners import default_partition
+
+from remat.capture import capture_joint
+from remat.fusion import addmm_pairs, fuse, fusion_groups
+
+WORKSPACE = 1000  # bytes every op is said to need besides its inputs and outputs
+
+
+def _capture(model, *args):
+    """The Capture of ``model(*args)``'s joint graph with Inductor's decompositions, as Inductor's
+    partitioner sees it, every op given WORKSPACE bytes of workspace."""
+    import torch._inductor.lowering  # noqa: F401  (Inductor's decompositions refer to it)
+    from torch._inductor.decomposition import select_decomp_table
+
+    got = {}
+
+    def partition(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
+        got["capture"] = capture_joint(joint, num_fwd_outputs, workspace_fn=lambda node: WORKSPACE)
+        return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+
+    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm), partition_fn=partition,
+                           decompositions=select_decomp_table())
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend, fullgraph=True, dynamic=False)(*args)
+    return got["capture"]
+
+
+class TiedProjection(nn.Module):
+    """A weight read by a matrix product and by a pointwise op: its gradient is add(mm(...), ...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 8))
+
+    def forward(self, x):
+        return torch.tanh(x @ self.w).sum() + (self.w * self.w).sum()
+
+
+def _op(capture, node_id):
+    return capture.op_node[node_id].target
+
+
+def test_a_product_added_once_runs_where_the_sum_runs_as_inductors_addmm():
+    capture = _capture(TiedProjection(), torch.randn(4, 16))
+    pairs = addmm_pairs(capture)
+    assert pairs, "the weight's gradient add(mm(x^T, g), 2w) is one addmm under Inductor"
+    groups = fusion_groups(capture)
+    for mm, add in pairs.items():
+        assert _op(capture, mm) is torch.ops.aten.mm.default and _op(capture, add) is torch.ops.aten.add.Tensor
+        (group,) = [g for g in groups if mm in g]
+        assert group[-1] == add, "the product is grouped with the add that consumes it, at the add's place"
+        assert not any(set(g) & {add} for g in groups if g is not group)
+
+
+def test_a_product_with_another_reader_stays_where_it_is():
+    class TwoReaders(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Parameter(torch.randn(8, 8)), nn.Parameter(torch.randn(8, 8))
+
+        def forward(self, x):
+            p = x @ self.a
+            return (p + self.b).sum() + p.relu().sum()
+
+    capture = _capture(TwoReaders(), torch.randn(8, 8))
+    forward_mms = [n.id for n in capture.graph.nodes
+                   if n.phase == "forward" and _op(capture, n.id) is torch.ops.aten.mm.default]
+    assert forward_mms and not set(forward_mms) & set(addmm_pairs(capture))
+
+
+def test_ops_inductor_generates_have_no_workspace_extern_kernels_keep_theirs():
+    capture = _capture(TiedProjection(), torch.randn(4, 16))
+    fused = fuse(capture)
+    extern = {torch.ops.aten.mm.default}
+    for node, members in zip(fused.graph.nodes, fused.members):
+        calls_extern = any(_op(capture, m) in extern for m in members)
+        assert node.workspace == (WORKSPACE if calls_extern else 0), [str(_op(capture, m)) for m in members]
+
+
+def test_max_pooling_offsets_are_computed_inside_the_scatter_that_reads_them():
+    class Pool(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            return F.max_pool2d(self.conv(x), 2).sum()
+
+    capture = _capture(Pool(), torch.randn(2, 3, 8, 8))
+    offsets = [n.id for n in capture.graph.nodes if "offsets_to_indices" in str(_op(capture, n.id))]
+    if not offsets:
+        pytest.skip("this torch's Inductor decomposes max pooling without offsets")
+    fused = fuse(capture)
+    for members in fused.members:
+        for n in offsets:
+            if n in members:
+                assert members[-1] != n, "the indices are inlined into their reader, never materialised"
