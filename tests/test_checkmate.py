@@ -244,7 +244,7 @@ def cheapest_by_enumeration(g, budget):
     return best
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(st.data())
 def test_milp_is_optimal_with_held_forward_outputs(data):
     """Recomputing a node that makes a forward output leaves a second copy; the MILP's plans fit
@@ -258,3 +258,15 @@ def test_milp_is_optimal_with_held_forward_outputs(data):
         milp = solve("checkmate", g, budget)
         assert best is not None and milp.peak_bytes <= budget
         assert milp.compute_seconds == pytest.approx(best.compute_seconds)
+
+
+@pytest.mark.parametrize("widths,stats,budget", [((50, 50, 50), (32, 16, 16), 321), ((50, 50, 50), (4, 16, 32), 285)])
+def test_recomputed_batch_norm_keeps_its_running_statistic_copy(widths, stats, budget):
+    """Regression: recomputing a batch norm in the backward (to remake the activation a later
+    conv's backward reads) also remakes its running statistic, a forward output; that second copy
+    lives to the batch norm's own backward, stages later. The MILP used to count it only in the
+    stage that made it, so at these budgets its plan peaked over the budget in the simulator (an
+    internal error)."""
+    plan = solve("checkmate", bn_net(widths, stats), budget)
+    assert plan.peak_bytes <= budget and plan.info["status"] == "optimal"
+    assert plan.info["objective_seconds"] == pytest.approx(plan.compute_seconds)
