@@ -3,7 +3,7 @@
 import warnings
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from remat.errors import SolverError, SolverTimeLimitWarning
@@ -16,10 +16,12 @@ from .test_plan import chain
 BASELINES = [s for s in ("checkpoint_all", "chen_sqrt", "chen_sqrt_ap", "chen_greedy", "chen_greedy_ap", "revolve") if s in SOLVERS]
 
 
-def random_training_graph(draw, max_forward=5):
+def random_training_graph(draw, max_forward=5, held_outputs=False):
     """A forward DAG (each op reads 1-2 earlier activations or the input, makes 1-2 values),
     a scalar loss, and a backward in which op i's backward reads the gradients of its outputs
-    and some of its inputs and outputs, and makes gradients for its inputs and a weight."""
+    and some of its inputs and outputs, and makes gradients for its inputs and a weight.
+    ``held_outputs``: some forward values are also forward outputs, which the user holds (like
+    batch norm's running statistics, read again by its backward)."""
     b = GraphBuilder("random")
     x = b.input("x", draw(st.integers(1, 50)))
     k = draw(st.integers(2, max_forward))
@@ -48,7 +50,8 @@ def random_training_graph(draw, max_forward=5):
         for v, g in zip(acts_in, outs):
             grad_of.setdefault(v, []).append(g)
         weights.append(outs[-1])
-    return b.build(forward_outputs=[loss], backward_outputs=weights)
+    held = draw(st.lists(st.sampled_from([v for outs in made for v in outs]), unique=True)) if held_outputs else []
+    return b.build(forward_outputs=[loss, *held], backward_outputs=weights)
 
 
 def budgets_between(graph, count=4):
@@ -168,3 +171,102 @@ def test_save_budget_bounds_what_the_forward_keeps():
     assert bounded.compute_seconds > free.compute_seconds  # it recomputes what it did not keep
     with pytest.raises(SolverError, match="saves at most"):
         solve_milp(g, 440, save_budget_bytes=0)
+
+
+def _rows_met(f, x, tol=1e-6):
+    return all(
+        f.row_lower[r] - tol <= sum(a * x[c] for c, a in zip(f.row_index[r], f.row_value[r])) <= f.row_upper[r] + tol
+        for r in range(f.num_rows)
+    )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_memory_rows_are_the_simulator_for_any_recomputation(data):
+    """The MILP's memory model is exact: for any choice of recomputations R, the solution vector
+    of R (FREE and the second copies of forward outputs at their exact values) meets every row,
+    and the smallest budget it meets is the simulated peak of the plan R decodes to. Graphs
+    with held forward outputs read again later (batch norm's running statistics) included."""
+    from remat.solvers.checkmate import _plan_from, stages_of
+    from remat.solvers.checkmate_model import build, solution_vector
+
+    g = random_training_graph(data.draw, max_forward=6, held_outputs=True)
+    f = build(g, None, dominance_cuts=False)  # the cuts only forbid useless recomputations
+    keys = sorted(f.R)
+    for _ in range(6):
+        R_on = set(data.draw(st.lists(st.sampled_from(keys), unique=True))) if keys else set()
+        plan = _plan_from(g, f, R_on)
+        stages = stages_of(f, plan)
+        assert stages is not None and stages[0] == R_on
+        x = solution_vector(f, *stages)
+        assert _rows_met(f, x)
+        assert x[f.budget_col] * f.scale == plan.peak_bytes
+
+
+def bn_net(widths, stats):
+    """conv -> batch norm -> relu blocks and a loss; each batch norm also makes a small saved
+    statistic and a running statistic (a forward output, held by the user) that its backward reads."""
+    b = GraphBuilder("bn_net")
+    h = b.input("x", 10)
+    blocks = []
+    for i, (w, s) in enumerate(zip(widths, stats)):
+        (a,) = b.op(f"conv{i}", [h], [w], cost=1.0)
+        y, mean, run = b.op(f"bn{i}", [a], [w, 4, s], cost=1.0)
+        (r,) = b.op(f"relu{i}", [y], [w], cost=1.0)
+        blocks.append((h, a, mean, run, r))
+        h = r
+    (loss,) = b.op("loss", [h], [1], cost=1.0)
+    g = b.tangent("t", 1)
+    grads = []
+    for i in reversed(range(len(widths))):
+        h_in, a, mean, run, r = blocks[i]
+        (g,) = b.op(f"relu_bwd{i}", [g, r], [widths[i]], phase=BACKWARD, cost=1.0)
+        g, gw = b.op(f"bn_bwd{i}", [g, a, mean, run], [widths[i], 8], phase=BACKWARD, cost=2.0)
+        outs = b.op(f"conv_bwd{i}", [g, h_in], ([widths[i - 1]] if i else []) + [8], phase=BACKWARD, cost=2.0)
+        grads += [gw, outs[-1]]
+        g = outs[0]
+    return b.build(forward_outputs=[loss] + [bl[3] for bl in blocks], backward_outputs=grads)
+
+
+def cheapest_by_enumeration(g, budget):
+    """The cheapest plan within ``budget`` over every subset of the MILP's recomputation variables,
+    each judged by the simulator alone (None when none fits)."""
+    from remat.solvers.checkmate import _plan_from
+    from remat.solvers.checkmate_model import build
+
+    f = build(g, None, dominance_cuts=False)
+    keys = sorted(f.R)
+    best = None
+    for mask in range(1 << len(keys)):
+        plan = _plan_from(g, f, {k for j, k in enumerate(keys) if mask >> j & 1})
+        if plan.peak_bytes <= budget and (best is None or plan.compute_seconds < best.compute_seconds):
+            best = plan
+    return best
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(st.data())
+def test_milp_is_optimal_with_held_forward_outputs(data):
+    """Recomputing a node that makes a forward output leaves a second copy; the MILP's plans fit
+    (no internal error) and are the cheapest of all its recomputation choices at every budget."""
+    from remat.solvers.checkmate_model import build
+
+    g = random_training_graph(data.draw, max_forward=5, held_outputs=True)
+    assume(len(build(g, None).R) <= 10)
+    for budget in budgets_between(g, 8):
+        best = cheapest_by_enumeration(g, budget)
+        milp = solve("checkmate", g, budget)
+        assert best is not None and milp.peak_bytes <= budget
+        assert milp.compute_seconds == pytest.approx(best.compute_seconds)
+
+
+@pytest.mark.parametrize("widths,stats,budget", [((50, 50, 50), (32, 16, 16), 321), ((50, 50, 50), (4, 16, 32), 285)])
+def test_recomputed_batch_norm_keeps_its_running_statistic_copy(widths, stats, budget):
+    """Regression: recomputing a batch norm in the backward (to remake the activation a later
+    conv's backward reads) also remakes its running statistic, a forward output; that second copy
+    lives to the batch norm's own backward, stages later. The MILP used to count it only in the
+    stage that made it, so at these budgets its plan peaked over the budget in the simulator (an
+    internal error)."""
+    plan = solve("checkmate", bn_net(widths, stats), budget)
+    assert plan.peak_bytes <= budget and plan.info["status"] == "optimal"
+    assert plan.info["objective_seconds"] == pytest.approx(plan.compute_seconds)

@@ -19,6 +19,14 @@ Constraints: ``R[t,j] ≤ R[t,i] + S[t,v]`` for every input ``v`` (made by ``i``
 memory model: an op's inputs, outputs and workspace count together; tangents arrive at
 the boundary and die at their last use; forward outputs stay to the end; gradients are kept.
 
+Forward outputs (the loss, an output the graph returns, batch norm's new running statistics)
+are held by the user, so recomputing their producer ``i`` in the backward makes a *second
+copy*, which later readers read and the plan keeps to its last reader before ``i`` runs again.
+``COPY[t,v]`` (that copy lives into stage ``t``), ``MADE[t,i]`` (``i`` was recomputed before
+stage ``t``) and ``COPY_FREE[t,v,k]`` count it exactly (see :func:`_second_copies`). A forward
+node whose output is a gradient (a backward output) is never recomputed: its last copy would
+have to live to the end of the step beside the first.
+
 What makes the model small (all exact, none cuts off an optimal plan):
 
 * only forward nodes are recomputed (backward nodes run once, in their own stage), so
@@ -63,6 +71,11 @@ class Formulation:
     S: dict[tuple[int, int], int] = field(default_factory=dict)  # (t, value) -> column
     FREE: dict[tuple[int, int, int], int] = field(default_factory=dict)  # (t, value, node) -> column
     U: dict[tuple[int, int], int] = field(default_factory=dict)  # (t, node) -> column
+    # second copies of forward outputs made by recomputations (see _second_copies)
+    COPY: dict[tuple[int, int], int] = field(default_factory=dict)  # (t, value) -> column: a copy lives into stage t
+    MADE: dict[tuple[int, int], int] = field(default_factory=dict)  # (t, node) -> column: node recomputed before stage t
+    COPY_FREE: dict[tuple[int, int, int], int] = field(default_factory=dict)  # (t, value, node) -> column
+    copy_producer: dict[int, int] = field(default_factory=dict)  # forward output -> its producer, when recomputable
     positions: list[list[int]] = field(default_factory=list)  # per stage: nodes that may run, in order
     constant_bytes: list[int] = field(default_factory=list)  # C_t
     scale: float = 1.0  # bytes per memory unit
@@ -181,10 +194,15 @@ def build(
     variable, pinned = value_roles(graph)
     no_bwd = set(graph.meta.get("no_backward_recompute", ()))
     has_pinned_output = {values[v].producer for v in pinned}
+    held = {v for v in graph.forward_outputs if values[v].kind == ACTIVATION}  # the user's copies
+    backward_outputs = set(graph.backward_outputs)
+    makes_gradient = {values[v].producer for v in pinned if v in backward_outputs}
     horizon, need = horizons(graph, variable, set(range(num_forward)))
 
     def window(i: int) -> range:
         """Stages in which forward node i may be recomputed."""
+        if i in makes_gradient:  # its last copy must live to the end: never recomputed
+            return range(0)
         last = min(horizon[i], num_forward - 1) if i in no_bwd else horizon[i]
         # a forward output is resident from its computation to the boundary: recomputing
         # its producer is possible only after the boundary (the user keeps the old copy)
@@ -214,6 +232,7 @@ def build(
         p = values[v].producer
         for t in range(p + 1, need[v] + 1):
             f.S[(t, v)] = f._col(0.0, 0.0, 1.0, True)
+    copies = _second_copies(f, held, window)
 
     # ---- constant bytes at the start of each stage: values whose lifetime the model fixes
     delta = [0] * (n + 1)  # difference array over stages
@@ -223,7 +242,6 @@ def build(
             delta[first] += values[v].bytes
             delta[last + 1] -= values[v].bytes
 
-    backward_outputs = set(graph.backward_outputs)
     for v in pinned:
         live(v, values[v].producer + 1, n - 1)
     for node in graph.backward_nodes:
@@ -321,6 +339,8 @@ def build(
                 for j in later:
                     f._row(-math.inf, 1.0, {col: 1.0, f.R[(t, j)]: 1.0})
                 frees_at.setdefault(k, []).append((v, col))
+        for v in copies:
+            _copy_frees(f, t, v, pos, frees_at)
         # memory after each position
         prev = None
         for k in pos:
@@ -340,6 +360,10 @@ def build(
                     col = f.S.get((t, v))
                     if col is not None:
                         terms[col] = terms.get(col, 0.0) - values[v].bytes / scale
+                for v in copies:
+                    col = f.COPY.get((t, v))
+                    if col is not None:
+                        terms[col] = -values[v].bytes / scale
             else:
                 terms[f.U[(t, prev)]] = -1.0
                 for v, col in frees_at.get(prev, ()):
@@ -370,6 +394,104 @@ def build(
         if terms:
             f._row(-math.inf, save_budget_bytes / scale, terms)
     return f
+
+
+def _second_copies(f: Formulation, held: set[int], window) -> list[int]:
+    """Columns and rows for the second copies of forward outputs; returns the values concerned.
+
+    The user holds the first copy of a forward output ``v`` (made by node ``i``) to the end of the
+    step; that copy is a constant in ``C_t``. Recomputing ``i`` in a backward stage makes a second
+    copy, and every later reader of ``v`` reads the newest copy, which the plan keeps to its last
+    reader before ``i`` runs again (:meth:`~remat.plan.Plan.from_schedule`). So the second copy
+    lives into stage ``t`` exactly when a copy was made before ``t`` (``MADE[t,i]``), ``i`` does not
+    run in ``t``, and ``v`` is read in ``t`` or the copy lives into ``t+1``::
+
+        MADE[t,i] ≥ MADE[t-1,i],  MADE[t,i] ≥ R[t-1,i]
+        COPY[t,v] ≥ COPY[t+1,v] - R[t,i]
+        COPY[t,v] ≥ MADE[t,i] + R[t,j] - R[t,i] - 1     for every reader j of v that may run in t
+
+    Both are continuous and only bounded below; memory grows with ``COPY``, so a solution may
+    over-count but never under-count, and the cheapest setting is exact. ``COPY[t,v]`` is counted
+    at the start of stage ``t`` like ``S[t,v]``; within a stage the copy is dropped by
+    ``COPY_FREE`` (:func:`_copy_frees`).
+    """
+    graph = f.graph
+    values, users, num_forward = graph.values, graph.users, f.num_forward
+    concerned = []
+    for v in sorted(held):
+        i = values[v].producer
+        stages = window(i)
+        if i is None or not len(stages):
+            continue
+        concerned.append(v)
+        f.copy_producer[v] = i
+        last = max((u if u >= num_forward else f.horizon[u] for u in users[v]), default=-1)
+        for t in range(stages.start + 1, last + 1):
+            f.COPY[(t, v)] = f._col(0.0, 0.0, 1.0, False)
+            if (t, i) not in f.MADE:
+                f.MADE[(t, i)] = f._col(0.0, 0.0, 1.0, False)
+                terms = {f.MADE[(t, i)]: -1.0}
+                if (t - 1, i) in f.MADE:
+                    f._row(-math.inf, 0.0, {**terms, f.MADE[(t - 1, i)]: 1.0})
+                if (t - 1, i) in f.R:
+                    f._row(-math.inf, 0.0, {**terms, f.R[(t - 1, i)]: 1.0})
+    for (t, v), col in f.COPY.items():
+        i = f.copy_producer[v]
+        ri = f.R.get((t, i))
+        nxt = f.COPY.get((t + 1, v))
+        if nxt is not None:  # COPY[t+1] - COPY[t] - R[t,i] <= 0
+            f._row(-math.inf, 0.0, {nxt: 1.0, col: -1.0, **({ri: -1.0} if ri is not None else {})})
+        for j in users[v]:
+            rj = f.R.get((t, j))
+            if j != t and rj is None:
+                continue
+            terms = {f.MADE[(t, i)]: 1.0, col: -1.0}
+            if ri is not None:
+                terms[ri] = -1.0
+            if j == t:  # R[t,t] = 1
+                f._row(-math.inf, 0.0, terms)
+            else:
+                terms[rj] = 1.0
+                f._row(-math.inf, 1.0, terms)
+    return concerned
+
+
+def _copy_frees(f: Formulation, t: int, v: int, pos: list[int], frees_at: dict) -> None:
+    """``COPY_FREE[t,v,k]``: the second copy of forward output ``v`` is dropped right after node ``k``
+    (its producer or a reader) runs in stage ``t``, before node ``t``:
+    ``≤ R[t,k]``, ``≤ 1 - COPY[t+1,v]``, ``≤ 1 - R[t,j]`` for every later reader ``j`` in the stage,
+    and, after a reader, ``≤ COPY[t,v] + R[t,i]`` (there is a copy to drop). As with ``FREE``, the
+    solver pushes it up to the product; none when node ``t`` reads ``v`` (the stage ends with it)."""
+    graph = f.graph
+    users = graph.users
+    i = f.copy_producer[v]
+    if t in users[v]:
+        return
+    running = set(pos)
+    here = f.COPY.get((t, v))
+    ri = f.R.get((t, i))
+    nxt = f.COPY.get((t + 1, v))
+    for k in pos[:-1]:
+        if k != i and k not in users[v]:
+            continue
+        if k != i and here is None and ri is None:
+            continue  # no second copy can exist in this stage: a reader reads the user's copy
+        col = f._col(0.0, 0.0, 1.0, False)
+        f.COPY_FREE[(t, v, k)] = col
+        f._row(-math.inf, 0.0, {col: 1.0, f.R[(t, k)]: -1.0})
+        if nxt is not None:
+            f._row(-math.inf, 1.0, {col: 1.0, nxt: 1.0})
+        for j in users[v]:
+            if k < j and j in running:
+                f._row(-math.inf, 1.0, {col: 1.0, f.R[(t, j)]: 1.0})
+        if k != i:
+            terms = {col: 1.0}
+            if here is not None:
+                terms[here] = -1.0
+            if ri is not None:
+                terms[ri] = -1.0
+            f._row(-math.inf, 0.0, terms)
+        frees_at.setdefault(k, []).append((v, col))
 
 
 def to_highs(f: Formulation, *, relax: bool = False):
@@ -424,6 +546,7 @@ def solution_vector(f: Formulation, R_on: set[tuple[int, int]], S_on: set[tuple[
         if any(k < j and (t, j) in R_on for j in users[v]):
             continue
         x[col] = 1.0
+    _copy_solution(f, R_on, x)
     # each U is defined by one equality row over earlier columns: evaluate the rows in order
     for u in sorted(f.U.values()):
         r = f.u_rows[u]
@@ -434,6 +557,25 @@ def solution_vector(f: Formulation, R_on: set[tuple[int, int]], S_on: set[tuple[
             for r in f.memory_rows
         )
     return x
+
+
+def _copy_solution(f: Formulation, R_on: set[tuple[int, int]], x: np.ndarray) -> None:
+    """Set ``MADE``, ``COPY`` and ``COPY_FREE`` in ``x`` to their exact values for the recomputations ``R_on``."""
+    users = f.graph.users
+    for (t, i), col in f.MADE.items():
+        x[col] = 1.0 if any((s, i) in R_on for s in range(t)) else 0.0
+    copy: dict[tuple[int, int], bool] = {}
+    for (t, v) in sorted(f.COPY, reverse=True):  # from the last stage back
+        i = f.copy_producer[v]
+        read = any(j == t or (t, j) in R_on for j in users[v])
+        alive = x[f.MADE[(t, i)]] > 0.5 and (t, i) not in R_on and (read or copy.get((t + 1, v), False))
+        copy[(t, v)] = alive
+        x[f.COPY[(t, v)]] = 1.0 if alive else 0.0
+    for (t, v, k), col in f.COPY_FREE.items():
+        i = f.copy_producer[v]
+        exists = k == i or copy.get((t, v), False) or (t, i) in R_on
+        later = any(k < j and (t, j) in R_on for j in users[v])
+        x[col] = 1.0 if (t, k) in R_on and exists and not later and not copy.get((t + 1, v), False) else 0.0
 
 
 def decode(f: Formulation, x) -> tuple[set[tuple[int, int]], set[tuple[int, int]]]:

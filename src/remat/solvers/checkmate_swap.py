@@ -43,13 +43,12 @@ Time. A copy of ``v`` takes ``latency_s + M_v / bandwidth`` (:func:`~remat.plan.
   budget the model is solved again with ``X_t ≤ C_t`` in every stage ("no spill"), where the
   model and the simulator agree exactly on time and the model is conservative on memory.
 
-Two changes to Checkmate's memory rows: Checkmate's blanket reserve for generator states is
+One change to Checkmate's memory rows: Checkmate's blanket reserve for generator states is
 replaced by ``Z_i ≥ R[t,i]`` per random node (its state counted from stage ``i`` on only when
-the plan replays it), and one gap in them is repaired after the fact: a forward node with a
-forward output (batch norm's running statistics) recomputed in the backward leaves a second
-copy that the decoded plan keeps to its last reader, which Checkmate's rows count only within
-the stage. Whenever the re-simulated plan peaks over the budget, the model is solved again
-(without spill, then with its own budget lowered by the excess; at most ``REPAIRS`` times).
+the plan replays it). Checkmate's rows count the second copy of a forward output that a
+recomputation makes (batch norm's running statistics) exactly, so the only way a decoded plan
+can peak over the budget is the barrier model's spill: then the model is solved once more
+without spill, and a plan over the budget after that is an internal error.
 
 What the model leaves out (so its optimum is optimal among *its* plans, not among all plans):
 copies only at stage starts (``hybrid`` may reload in the middle of a stage), no swapping
@@ -84,7 +83,6 @@ from .checkmate_model import Formulation, build, decode, schedule_from_R, soluti
 
 DEFAULT_TIME_LIMIT = 60.0
 WARM_GREEDY_TIME_LIMIT = 10.0  # for the hybrid greedy's plan that warm-starts the MILP
-REPAIRS = 3  # re-solves when a decoded plan peaks over the budget in the simulator
 MAX_NODES = 200  # the model has O(nodes²) binaries: beyond this, coarsen the graph first
 
 
@@ -430,9 +428,8 @@ def solve_swap_milp(
     ``warm_start``: start HiGHS from the best of the baselines' plans, ``warm_plans`` and (when no
     ``warm_plans`` are given) the ``hybrid`` greedy's plan that the model can express.
     ``model_budget_bytes`` (default ``budget_bytes``): the budget inside the model. When the
-    simulated plan still peaks over ``budget_bytes`` (the barrier model's spill, or a case where
-    Checkmate's memory rows under-count), the model is solved again, up to ``REPAIRS`` times,
-    without spill and then with its budget lowered by the excess."""
+    simulated plan of the barrier model peaks over ``budget_bytes`` (a channel-bound stage spilled
+    past its barrier), the model is solved again without spill; ``repairs`` counts those re-solves."""
     import highspy
 
     from .checkmate import _baselines, _has_solution, _model_info, _solve
@@ -501,19 +498,18 @@ def solve_swap_milp(
     plan = decode_plan(m, R_on, OUT_on, IN_on, solver="checkmate_swap", info=info)
     plan.info["simulated step seconds"] = plan.step_seconds
     if budget_bytes is not None and plan.peak_bytes > budget_bytes:
-        if repairs >= REPAIRS:
+        if not (m.overlap and not m.no_spill):  # the rows are exact or conservative: this would be a bug
             raise SolverError(
-                f"checkmate_swap: its plans for {graph.name!r} kept peaking over the budget {budget_bytes} in the "
-                f"simulator (last {plan.peak_bytes} bytes) after {REPAIRS} repairs; use solver='hybrid'"
+                f"internal error: checkmate_swap's plan ({m.model_name}) peaks at {plan.peak_bytes} bytes over its "
+                f"budget {budget_bytes}"
             )
         left = max(1.0, limit - (time.perf_counter() - start))
-        spill = m.overlap and not m.no_spill  # a channel-bound stage spilled past the model's barrier
-        retry = solve_swap_milp(graph, budget_bytes, time_limit=left, gap=gap, threads=threads, no_spill=m.overlap,
+        retry = solve_swap_milp(graph, budget_bytes, time_limit=left, gap=gap, threads=threads, no_spill=True,
                                 warm_start=warm_start, quiet=quiet, repairs=repairs + 1, warm_plans=warm_plans,
-                                model_budget_bytes=model_budget if spill else model_budget - (plan.peak_bytes - budget_bytes))
+                                model_budget_bytes=model_budget)
         retry.info.setdefault("repairs", []).insert(0, (
             f"the plan of the {m.model_name} model at {model_budget} bytes peaked at {plan.peak_bytes} in the simulator: "
-            + ("solved again without spill" if spill else "solved again with the model's budget lowered by the excess")))
+            "solved again without spill"))
         return retry
     if not optimal and not quiet:
         warnings.warn(
