@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from ..errors import InvalidPlanError, SolverError
 from ..graph import ACTIVATION, FORWARD, Graph
-from ..plan import COMPUTE, Plan
+from ..plan import COMPUTE, Plan, transfer_costs
 from . import register
 
 CANDIDATES = 32  # switches simulated per round
@@ -96,9 +96,9 @@ class _Search:
 
     def __init__(self, graph: Graph, budget: int):
         self.graph, self.budget = graph, budget
-        self.h2d = float(graph.meta["transfer"]["h2d_bytes_per_s"])
-        self.d2h = float(graph.meta["transfer"]["d2h_bytes_per_s"])
-        self.overlap = bool(graph.meta["transfer"].get("overlap", True))
+        transfer = transfer_costs(graph)
+        self.h2d, self.d2h = transfer["h2d_bytes_per_s"], transfer["d2h_bytes_per_s"]
+        self.overlap = transfer["overlap"]
         self.forward_outputs = set(graph.forward_outputs) | set(graph.backward_outputs)
         self._base: dict[tuple, Plan] = {}
         self.simulations = 0
