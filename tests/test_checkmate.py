@@ -2,6 +2,7 @@
 
 import warnings
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -108,6 +109,44 @@ def test_plan_records_model_size_gap_and_warm_start():
     assert plan.info["gap"] == pytest.approx(0.0, abs=1e-6)
     assert "warm start" in plan.info
     assert plan.info["objective_seconds"] == pytest.approx(plan.compute_seconds)
+
+
+class _StaleSolutionHighs:
+    """A HiGHS instance that, like highspy 1.16.0, hands back the warm start after its first solve
+    while reporting the optimum's objective."""
+
+    def __init__(self, h, stale):
+        self._h, self._stale, self._runs = h, stale, 0
+
+    def run(self):
+        self._runs += 1
+        return self._h.run()
+
+    def getSolution(self):
+        solution = self._h.getSolution()
+        if self._runs == 1:
+            solution.col_value = list(self._stale)
+        return solution
+
+    def __getattr__(self, name):
+        return getattr(self._h, name)
+
+
+def test_a_solution_that_disagrees_with_the_reported_objective_is_solved_again():
+    from remat.solvers.checkmate import _solve, stages_of
+    from remat.solvers.checkmate_model import build, solution_vector, to_highs
+
+    g = chain(n=6, size=100)
+    budget = budgets_between(g, 6)[2]
+    best = cheapest_plan(g, budget)
+    f = build(g, budget)
+    stale = solution_vector(f, *stages_of(f, solve("chen_greedy", g, budget)))
+    h = _StaleSolutionHighs(to_highs(f), stale)
+    status, info, x = _solve(h, 10.0, 1e-9, None)
+    assert h._runs == 2, "the stale vector must be noticed"
+    cost = float(np.dot(f.col_cost, x)) * f.cost_scale + f.constant_cost
+    assert cost == pytest.approx(best.compute_seconds)
+    assert cost < float(np.dot(f.col_cost, stale)) * f.cost_scale + f.constant_cost
 
 
 def test_time_limit_returns_best_plan_with_a_warning():

@@ -95,13 +95,48 @@ def _model_info(f: Formulation) -> dict:
 
 
 def _solve(h, time_limit: float | None, gap: float, threads: int | None):
-    h.setOptionValue("time_limit", float(time_limit if time_limit is not None else DEFAULT_TIME_LIMIT))
+    """Run HiGHS on ``h``: (model status, info, solution vector or None).
+
+    The vector is checked against the objective HiGHS reports: highspy 1.16.0 can report the
+    optimum's objective yet hand back the warm start's vector. When they disagree, the model is
+    solved again without the warm start in the time left, and the better of the two vectors is
+    returned (with the second run's status, so a plan is never called optimal on a mismatch)."""
+    limit = float(time_limit if time_limit is not None else DEFAULT_TIME_LIMIT)
+    h.setOptionValue("time_limit", limit)
     h.setOptionValue("mip_rel_gap", float(gap))
     h.setOptionValue("mip_abs_gap", 1e-9)
     if threads:
         h.setOptionValue("threads", int(threads))
+    start = time.perf_counter()
     h.run()
-    return h.getModelStatus(), h.getInfo()
+    status, info = h.getModelStatus(), h.getInfo()
+    if not _has_solution(h):
+        return status, info, None
+    x = np.asarray(h.getSolution().col_value)
+    if _objective_agrees(h, x, info.objective_function_value):
+        return status, info, x
+    h.clearSolver()  # drops the warm start and the inconsistent solution
+    h.setOptionValue("time_limit", max(1.0, limit - (time.perf_counter() - start)))
+    h.run()
+    second_status, second_info = h.getModelStatus(), h.getInfo()
+    if _has_solution(h):
+        y = np.asarray(h.getSolution().col_value)
+        if _objective_agrees(h, y, second_info.objective_function_value) or _objective(h, y) < _objective(h, x):
+            return second_status, second_info, y
+    import highspy
+
+    if second_status == highspy.HighsModelStatus.kOptimal:  # the second run proved nothing about x
+        second_status = highspy.HighsModelStatus.kInterrupt
+    return second_status, second_info, x
+
+
+def _objective(h, x) -> float:
+    lp = h.getLp()
+    return float(lp.offset_ + np.dot(np.asarray(lp.col_cost_), x))
+
+
+def _objective_agrees(h, x, reported: float) -> bool:
+    return abs(_objective(h, x) - reported) <= 1e-7 * max(1.0, abs(reported))
 
 
 def _has_solution(h) -> bool:
@@ -170,11 +205,11 @@ def solve_milp(
                 info["warm start"] = f"{p.solver} ({p.overhead * 100:+.1f}%)"
                 break
     limit = time_limit if time_limit is not None else DEFAULT_TIME_LIMIT
-    status, hinfo = _solve(h, max(min(1.0, limit), limit - (time.perf_counter() - start)), gap, threads)
+    status, hinfo, x = _solve(h, max(min(1.0, limit), limit - (time.perf_counter() - start)), gap, threads)
     info["setup seconds"] = round(time.perf_counter() - start - h.getRunTime(), 3)
     info["solve seconds"] = round(h.getRunTime(), 3)
     status_name = h.modelStatusToString(status)
-    if not _has_solution(h):
+    if x is None:
         if status == highspy.HighsModelStatus.kInfeasible and save_budget_bytes is not None:
             raise SolverError(f"no plan of {graph.name!r} peaks within {budget_bytes} bytes and saves at most {save_budget_bytes}")
         if status == highspy.HighsModelStatus.kInfeasible and budget_bytes is not None:
@@ -185,7 +220,6 @@ def solve_milp(
             f"checkmate found no plan for {graph.name!r} within {time_limit or DEFAULT_TIME_LIMIT:.0f} s "
             f"(HiGHS: {status_name}); raise time_limit, or use solver='checkmate_lp' or a coarser graph"
         )
-    x = np.asarray(h.getSolution().col_value)
     R_on, _ = decode(f, x)
     minimising_cost = budget_bytes is not None  # else the objective is the peak
     optimal = status == highspy.HighsModelStatus.kOptimal
@@ -295,11 +329,10 @@ def solve_lp_rounding(
         f = build(graph, int(budget_bytes * factor))
         h = to_highs(f, relax=True)
         left = None if time_limit is None else max(1.0, time_limit - (time.perf_counter() - start))
-        status, _ = _solve(h, left, 1e-6, None)
+        status, _, x = _solve(h, left, 1e-6, None)
         info = {"formulation": _model_info(f), "lp budget factor": factor, "lp status": h.modelStatusToString(status)}
-        if not _has_solution(h):
+        if x is None:
             continue
-        x = np.asarray(h.getSolution().col_value)
         S_star = {key: x[col] for key, col in f.S.items()}
         seen = set()
         for threshold in thresholds:

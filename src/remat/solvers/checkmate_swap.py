@@ -432,7 +432,7 @@ def solve_swap_milp(
     past its barrier), the model is solved again without spill; ``repairs`` counts those re-solves."""
     import highspy
 
-    from .checkmate import _baselines, _has_solution, _model_info, _solve
+    from .checkmate import _baselines, _model_info, _solve
 
     start = time.perf_counter()
     limit = DEFAULT_TIME_LIMIT if time_limit is None else float(time_limit)
@@ -461,14 +461,12 @@ def solve_swap_milp(
             sol.value_valid = True
             if h.setSolution(sol) == highspy.HighsStatus.kOk:
                 info["warm start"] = best[2]
-    status, hinfo = _solve(h, max(min(1.0, limit), limit - (time.perf_counter() - start)), gap, threads)
+    status, hinfo, x = _solve(h, max(min(1.0, limit), limit - (time.perf_counter() - start)), gap, threads)
     info["solve seconds"] = round(h.getRunTime(), 3)
     status_name = h.modelStatusToString(status)
-    if _has_solution(h):
-        x = np.asarray(h.getSolution().col_value)
-    elif best is not None and status != highspy.HighsModelStatus.kInfeasible:  # stopped before reading the warm start
-        x = best[1]
-    else:
+    if x is None and best is not None and status != highspy.HighsModelStatus.kInfeasible:
+        x = best[1]  # stopped before reading the warm start
+    if x is None:
         if status == highspy.HighsModelStatus.kInfeasible and budget_bytes is not None:  # no plan fits: the smallest
             plan = solve_swap_milp(graph, None, time_limit=max(1.0, limit - (time.perf_counter() - start)),
                                    gap=1e-4, threads=threads, no_spill=no_spill, warm_start=warm_start, quiet=True,
