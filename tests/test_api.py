@@ -158,7 +158,7 @@ def test_plan_runs_nothing():
     ex = zoo.build("cnn_bn", size="tiny")
     before = {k: v.clone() for k, v in ex.model.state_dict().items()}
     state = torch.get_rng_state()
-    plan = remat.plan(ex.model, *ex.args, budget=0.8)
+    plan = remat.plan(ex.model, *ex.args, budget=0.95)
     assert plan.peak_bytes <= plan.budget_bytes
     assert all(torch.equal(before[k], v) for k, v in ex.model.state_dict().items())
     assert torch.equal(state, torch.get_rng_state())
@@ -169,7 +169,7 @@ def test_optimize_leaves_buffers_and_rng_untouched():
     ex = zoo.build("cnn_bn", size="tiny")
     before = {k: v.clone() for k, v in ex.model.state_dict().items()}
     state = torch.get_rng_state()
-    remat.optimize(ex.model, *ex.args, budget=0.8)
+    remat.optimize(ex.model, *ex.args, budget=0.95)
     assert all(torch.equal(before[k], v) for k, v in ex.model.state_dict().items())
     assert torch.equal(state, torch.get_rng_state())
 

@@ -63,3 +63,13 @@ def test_costs_and_workspace_come_from_the_cost_models():
     assert any(n.workspace > 0 for n in conv), "CPU convolutions need column buffers"
     _ex, unit, _cap = captured("cnn_bn", size="small", cost_model="unit", workspace="none")
     assert all(n.cost == 1.0 and n.workspace == 0 for n in unit.graph.nodes)
+
+
+def test_sizes_are_what_the_devices_allocator_counts():
+    """CUDA's caching allocator rounds every block up to 512 bytes, so a graph of small CUDA tensors
+    would be measured above its prediction by up to 511 bytes per live value; the CPU's is exact."""
+    from remat.capture import allocated_bytes
+
+    assert allocated_bytes(1, "cuda") == 512 and allocated_bytes(513, torch.device("cuda", 1)) == 1024
+    assert allocated_bytes(1024, "cuda") == 1024 and allocated_bytes(0, "cuda") == 0
+    assert allocated_bytes(513, "cpu") == 513 and allocated_bytes(513, None) == 513

@@ -40,7 +40,7 @@ def assert_png(path):
 @pytest.mark.parametrize("model", MODELS)
 def test_plan_saves_a_plan_that_loads_and_plots(model, tmp_path, capsys):
     saved = tmp_path / "plan.json"
-    code, out, err = run(capsys, "plan", *model, "--budget", "0.8", "--solver", "rotor", "--save", saved)
+    code, out, err = run(capsys, "plan", *model, "--budget", "0.95", "--solver", "rotor", "--save", saved)
     assert code == 0, err
     assert "Plan for" in out and "predicted peak" in out
     plan = remat.Plan.load(saved)
@@ -65,7 +65,7 @@ def test_sweep_prints_the_front_and_plots_it(model, tmp_path, capsys):
 
 @pytest.mark.parametrize("model", MODELS)
 def test_bench_measures_planned_against_eager(model, tmp_path, capsys):
-    code, out, err = run(capsys, "bench", *model, "--budget", "0.8", "--solver", "rotor", "--rounds", "2",
+    code, out, err = run(capsys, "bench", *model, "--budget", "0.95", "--solver", "rotor", "--rounds", "2",
                          "--output", tmp_path / "bench.png")
     assert code == 0, err
     text = " ".join(out.split())

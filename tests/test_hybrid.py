@@ -114,8 +114,10 @@ def test_no_budget_is_store_all():
 
 @pytest.fixture(scope="module")
 def resnet_graph():
+    """resnet (tiny) without its ops' workspaces: on the CPU a tiny convolution's scratch buffers
+    (4x its output) set a floor no schedule goes below, which would hide what swapping can do."""
     ex = zoo.build("resnet", size="tiny")
-    g = remat.plan(ex.model, *ex.args, solver="store_all", **ex.kwargs).graph
+    g = remat.plan(ex.model, *ex.args, solver="store_all", workspace="none", **ex.kwargs).graph
     meta = {**g.meta, "transfer": {"d2h_bytes_per_s": 5e9, "h2d_bytes_per_s": 5e9}}
     return Graph(g.nodes, g.values, g.forward_outputs, g.backward_outputs, g.name, meta)
 
@@ -160,14 +162,33 @@ def test_within_budget_the_greedy_keeps_recomputed_values_instead_of_recomputing
 def test_synchronous_copies_reload_just_before_use_and_reach_the_swap_milps_optimum():
     """dropout_mlp (tiny) with the CPU file store's synchronous copies, at the greedy's smallest budget:
     the swap MILP proves an optimum of one swap and four recomputations, which the greedy reaches by
-    swapping a value with its reload placed after the peak (no earlier reload helps a synchronous copy)."""
+    swapping a value with its reload placed after the peak (no earlier reload helps a synchronous copy).
+    The graph is without workspaces (``native_dropout``'s scratch), as when this optimum was proven."""
     ex = zoo.build("dropout_mlp", size="tiny")
-    g = remat.plan(ex.model, *ex.args, solver="store_all", **ex.kwargs).graph
+    g = remat.plan(ex.model, *ex.args, solver="store_all", workspace="none", **ex.kwargs).graph
     meta = {**g.meta, "transfer": {"d2h_bytes_per_s": 8.15e8, "h2d_bytes_per_s": 8.56e8, "latency_s": 1.2e-4,
                                    "overlap": False}}  # the CPU file store as measured here once
     g = Graph(g.nodes, g.values, g.forward_outputs, g.backward_outputs, g.name, meta)
     budget = solve("hybrid", g, 0).peak_bytes
     greedy = solve("hybrid", g, budget)
     optimum = solve("checkmate_swap", g, budget, time_limit=30)
+    assert optimum.info["status"] == "optimal" and greedy.peak_bytes <= budget
+    assert greedy.step_seconds <= 1.05 * optimum.step_seconds, (greedy.step_seconds, optimum.step_seconds)
+
+
+def test_at_its_smallest_budget_with_measured_workspaces_the_greedy_is_within_5_percent_of_the_swap_milp():
+    """dropout_mlp (tiny) as captured, workspaces measured (``native_dropout``'s scratch included), with
+    the CPU file store's synchronous copies, at the greedy's own smallest budget. The recomputation plan
+    it starts from may recompute more than needed (hierarchical's recomputes 7 nodes where the MILP's
+    optimum recomputes 4); from there only a move through plans over the budget (a kick: keep a
+    recomputed value, then recompute another one to fit again) reaches the optimum the MILP proves."""
+    ex = zoo.build("dropout_mlp", size="tiny")
+    g = remat.plan(ex.model, *ex.args, solver="store_all", cache=False, **ex.kwargs).graph
+    meta = {**g.meta, "transfer": {"d2h_bytes_per_s": 8.15e8, "h2d_bytes_per_s": 8.56e8, "latency_s": 1.2e-4,
+                                   "overlap": False}}  # the CPU file store as measured here once
+    g = Graph(g.nodes, g.values, g.forward_outputs, g.backward_outputs, g.name, meta)
+    budget = solve("hybrid", g, 0, time_limit=2).peak_bytes
+    greedy = solve("hybrid", g, budget, time_limit=2)
+    optimum = solve("checkmate_swap", g, budget, time_limit=20)
     assert optimum.info["status"] == "optimal" and greedy.peak_bytes <= budget
     assert greedy.step_seconds <= 1.05 * optimum.step_seconds, (greedy.step_seconds, optimum.step_seconds)

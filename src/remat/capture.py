@@ -18,7 +18,9 @@ listing the forward outputs followed by the gradients of the primals.
   BatchNorm's running statistics) are recorded in ``Capture.input_mutations``; ``new`` is a
   forward output of the Graph (it must exist when the forward ends, where the lowering
   writes it back), and the ops that read the old value are never recomputed in the backward;
-* sizes are exact storage bytes; random ops are flagged from ``Tag.nondeterministic_seeded``.
+* sizes are storage bytes as the device's allocator counts them (:func:`allocated_bytes`: exact on
+  the CPU, rounded up to CUDA's 512-byte blocks); random ops are flagged from
+  ``Tag.nondeterministic_seeded``.
 
 The :class:`Capture` keeps the mapping back to FX nodes that :mod:`remat.lower` needs.
 """
@@ -67,11 +69,24 @@ def _storage_key(val) -> int | None:
         return None
 
 
+CUDA_BLOCK_BYTES = 512  # the CUDA caching allocator rounds every allocation up to a multiple of this
+
+
+def allocated_bytes(nbytes: int, device: torch.device | str | None) -> int:
+    """Bytes the allocator of ``device`` counts for a storage of ``nbytes``: what the measured peak
+    (``torch.cuda.max_memory_allocated``, torch's CPU allocator events) adds up. CUDA's caching
+    allocator hands out multiples of 512 bytes; the CPU allocator exactly what was asked."""
+    if nbytes > 0 and torch.device(device or "cpu").type == "cuda":
+        return -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
+    return nbytes
+
+
 def _storage_bytes(val: torch.Tensor) -> int:
     try:
-        return int(val.untyped_storage().nbytes())
+        nbytes = int(val.untyped_storage().nbytes())
     except Exception:
-        return int(val.numel() * val.element_size())
+        nbytes = int(val.numel() * val.element_size())
+    return allocated_bytes(nbytes, val.device)
 
 
 def _is_random(node: fx.Node) -> bool:

@@ -39,9 +39,10 @@ What Inductor's scheduler does beyond this model, seen in its generated code (``
   is one kernel), and writes a kernel's output into the storage of an input that dies there
   (``config.inplace_buffers``, also the backward's saved inputs, which AOTAutograd donates): both
   lower the measured peak below the plan's, by up to a few of the largest values;
-* it fuses kernels horizontally and vertically across the plan's order, so that an output fused
-  into an earlier kernel is allocated early (a gradient of the final layer norm computed with the
-  first one of the backward), which raises the measured peak a little.
+* it fuses kernels vertically across the plan's order, so that an output fused into an earlier
+  kernel is allocated early, which can raise the measured peak a little. Horizontal fusion (kernels
+  that only share a read) is switched off by :data:`remat.inductor.INDUCTOR_CONSTRAINTS`: it merged
+  two recomputed copies of one chain and kept both alive, 1.5x the predicted peak.
 
 :func:`remat.inductor.calibrate` measures the compiled step and re-plans when the peak is above
 the budget.

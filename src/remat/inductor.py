@@ -18,11 +18,17 @@ step's memory:
 * ``layout_optimization = False``: no channels-last copies of convolution inputs and weights that
   the plan cannot see (give the model channels-last tensors yourself if you want that layout);
 * ``reorder_for_peak_memory = False``: Inductor keeps the plan's order;
+* ``score_fusion_memory_threshold`` out of reach: no *horizontal* fusion (two kernels that do not
+  feed each other, merged because they read the same buffer). It would run the later kernel at the
+  earlier one's place, pulling its inputs' computation forward with it: a plan that recomputes a
+  chain once for each of two backward uses had both copies alive at once, its measured peak 1.5x
+  the prediction on a small ResNet. Vertical fusion (producer into consumer), which
+  :mod:`remat.fusion` models, is untouched;
 * ``fx_graph_cache = False``: every compilation goes through the partitioner, so that the module's
   ``plan`` exists and describes what runs (compiled kernels are still cached).
 
-**The budget is checked, not only predicted.** Inductor's scheduler still fuses kernels in ways no
-graph-level model follows exactly (horizontal fusion, buffers reused in place), so with example
+**The budget is checked, not only predicted.** Inductor's scheduler still allocates in ways no
+graph-level model follows exactly (buffers reused in place, a kernel's outputs allocated together), so with example
 inputs :func:`compile` runs the compiled step once, measures its peak (the same measurement as
 :mod:`remat.measure`), and while it is above the budget plans again with the budget lowered by
 the excess (at most ``CALIBRATION_ROUNDS`` times); ``plan.info["measured_peak"]`` and
@@ -55,6 +61,7 @@ INDUCTOR_CONSTRAINTS = {
     "layout_optimization": False,
     "reorder_for_peak_memory": False,
     "fx_graph_cache": False,
+    "score_fusion_memory_threshold": 1 << 62,
 }
 CALIBRATION_ROUNDS = 3
 OFFLOADING_SOLVERS = ("hybrid",)
@@ -166,6 +173,8 @@ def _scalar_of(output) -> torch.Tensor:
         if isinstance(loss, torch.Tensor):
             return loss
         raise SolverError("the model's output has no tensor that requires gradients: nothing to train")
+    if len(leaves) == 1 and leaves[0].dim() == 0:  # a loss: nothing to add (a sum would allocate 2 scalars)
+        return leaves[0]
     return sum(t.sum() for t in leaves)
 
 
