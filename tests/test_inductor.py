@@ -230,3 +230,27 @@ def test_an_infeasible_budget_names_the_minimum():
 def test_offloading_solvers_are_refused_with_advice():
     with pytest.raises(SolverError, match="compiler='eager'"):
         partitioner(budget=0.5, solver="hybrid")
+
+
+def test_a_tied_embeddings_late_gradient_add_keeps_its_product_where_the_plan_puts_it(monkeypatch):
+    """tied (tiny): the embedding's gradient is ``embedding_backward + mm(logits_grad^T, hidden)``,
+    added at the end of the backward. Inductor would run the product there as one ``addmm``, keeping
+    the logits' gradient and the last hidden state alive through the backward and leaving no chain
+    of blocks; remat's lowering keeps the product apart, so hierarchical plans blocks, the measured
+    peak is the predicted one within the budget, and gradients are Inductor's own step's."""
+    from remat import fusion
+
+    deferred = []
+    real = fusion.deferred_addmm_adds
+    monkeypatch.setattr(fusion, "deferred_addmm_adds", lambda capture: deferred.append(real(capture)) or deferred[-1])
+    ex = zoo.build("tied", size="tiny")
+    reference = copy.deepcopy(ex.model)
+    planned = remat.compile(ex.model, *ex.args, budget=0.75, solver="hierarchical", example_kwargs=ex.kwargs,
+                            calibrate=False)
+    assert deferred and deferred[-1], "the tied gradient's add comes long after its product"
+    assert "fallback" not in planned.plan.info and planned.plan.info["blocks"] >= 2
+    _assert_within_budget_and_near_prediction(planned, ex)
+    unplanned = torch.compile(reference, dynamic=False)
+    _step(planned, ex)
+    _step(unplanned, _with_model(ex, reference))
+    _assert_same_grads(ex.model, reference, rtol=1e-4, atol=1e-5)

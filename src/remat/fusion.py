@@ -14,9 +14,11 @@ remat plans the compiled step on a *fused graph* that says the same:
 * chains inline transitively; a chain stops growing once it reads more than
   ``MAX_INLINED_READS`` distinct values (Inductor realises such a loop body,
   ``config.realize_acc_reads_threshold``);
-* an ``mm`` whose only reader is an ``add`` joins the add's group (:func:`addmm_pairs`):
-  Inductor's post-grad pass rewrites the pair into one ``addmm`` at the add, so the product and its
-  inputs live until then (a tied embedding's gradient keeps the logits' gradient to the end);
+* an ``mm`` whose only reader is the ``add`` right after it joins the add's group
+  (:func:`addmm_pairs`): Inductor's post-grad pass rewrites the pair into one ``addmm``. Inductor
+  would rewrite a later add too, running the product there and keeping its inputs alive until then
+  (a tied embedding's gradient would keep the logits' gradient to the end of the backward); remat's
+  lowering writes such an add so that the pattern does not match (:func:`deferred_addmm_adds`);
 * every other value is materialised, also a pointwise value read by several ops: remat
   compiles with ``config.realize_reads_threshold = 0``, which makes Inductor store such a
   value once instead of recomputing it inside each reader (which would keep the value's own
@@ -147,14 +149,30 @@ def _is_gpu(device: torch.device) -> bool:
 
 
 def addmm_pairs(capture: Capture) -> dict[int, int]:
-    """``{mm op id: add op id}`` for each ``add(mm(a, b), c)`` that Inductor's post-grad pattern
-    (``torch._inductor.fx_passes.post_grad.addmm``) rewrites into ``addmm(c, a, b)`` *at the add*.
+    """``{mm op id: add op id}`` for each ``add(mm(a, b), c)`` that Inductor rewrites into one
+    ``addmm(c, a, b)`` kernel: the add is the op right after the product (see :func:`addmm_candidates`;
+    the others remat keeps apart, :func:`deferred_addmm_adds`)."""
+    return {mm: add for mm, add in addmm_candidates(capture).items() if add == mm + 1}
 
-    The matrix product then runs where the add runs, which can be much later: the tied embedding's
-    gradient, ``embedding_backward + mm(logits_grad^T, hidden)``, keeps the logits' gradient alive
-    through the whole backward. The rewrite applies when the ``mm`` has no other reader, ``c`` is a
-    tensor of the product's dtype whose shape expands to the product's, and (on a GPU) not when
-    every reader of the sum is pointwise (Inductor then prefers the unfused add)."""
+
+def deferred_addmm_adds(capture: Capture) -> set[int]:
+    """Add op ids of the :func:`addmm_candidates` whose add comes later than right after the product.
+
+    Inductor's rewrite would run the product where the add runs: the tied embedding's gradient,
+    ``embedding_backward + mm(logits_grad^T, hidden)``, would keep the logits' gradient (the step's
+    largest value) and the last hidden state alive through the whole backward, and tie the first
+    block of the chain to the last, so that no chain of blocks is left to plan. The lowering writes
+    these adds as ``sub(x, y, alpha=-1)`` (bitwise ``x + y``: negation is exact), which the pattern
+    does not match; the product then runs, and its inputs die, where the plan puts it."""
+    return {add for mm, add in addmm_candidates(capture).items() if add != mm + 1}
+
+
+def addmm_candidates(capture: Capture) -> dict[int, int]:
+    """``{mm op id: add op id}`` for each ``add(mm(a, b), c)`` that Inductor's post-grad pattern
+    (``torch._inductor.fx_passes.post_grad.addmm``) would rewrite into ``addmm(c, a, b)`` *at the add*:
+    when the ``mm`` has no other reader, ``c`` is a tensor of the product's dtype whose shape expands
+    to the product's, and (on a GPU) not when every reader of the sum is pointwise (Inductor then
+    prefers the unfused add)."""
     from torch._prims_common import is_expandable_to
 
     graph = capture.graph
@@ -240,4 +258,4 @@ def fuse(capture: Capture) -> Fused:
     return Fused(graph, groups, capture.graph)
 
 
-__all__ = ["Fused", "fuse", "fusion_groups", "addmm_pairs", "MAX_INLINED_READS"]
+__all__ = ["Fused", "fuse", "fusion_groups", "addmm_pairs", "addmm_candidates", "deferred_addmm_adds", "MAX_INLINED_READS"]

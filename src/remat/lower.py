@@ -55,6 +55,11 @@ class _Lowering:
                 "a plan that offloads values cannot be compiled by Inductor yet: plan with a recomputation "
                 "solver (not 'hybrid'), or use remat.optimize's default (eager) lowering for offloading plans"
             )
+        self.deferred_adds: set[int] = set()  # compiled: adds whose mm Inductor must not move to them
+        if compiled:
+            from .fusion import deferred_addmm_adds
+
+            self.deferred_adds = deferred_addmm_adds(capture)
         self.fwd = fx.Graph()
         self.bwd = fx.Graph()
         self.computed: set[int] = set()  # nodes run at least once so far
@@ -174,6 +179,9 @@ class _Lowering:
             x, w, b, _rm, _rv, training, momentum, eps = op.args
             x, w, b = fx.map_arg((x, w, b), self._resolve)
             new = g.call_function(BATCH_NORM_NO_STATS, (x, w, b, training, momentum, eps))
+            new.meta.update(op.meta)
+        elif nid in self.deferred_adds:  # x + y as x - (-1) * y, bitwise: Inductor keeps the mm where it is
+            new = g.call_function(torch.ops.aten.sub.Tensor, fx.map_arg(op.args, self._resolve), {"alpha": -1})
             new.meta.update(op.meta)
         else:
             new = g.node_copy(op, self._resolve)
