@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 
 from .backend import BackendOptions, remat_backend
+from .cost import DEFAULT_COST_MODEL
 from .capture import Capture
 from .errors import CaptureError, InfeasibleBudgetError, NotTrainingWarning, RematError, SolverError
 from .integrations import check_unwrapped
@@ -258,7 +259,7 @@ def optimize(
     *example_args,
     budget=None,
     solver: str = "auto",
-    cost_model: Any = "flops",
+    cost_model: Any = DEFAULT_COST_MODEL,
     workspace: str = "measure",
     time_limit: float | None = None,
     solver_options: dict | None = None,
@@ -387,7 +388,7 @@ def plan(
     *example_args,
     budget=None,
     solver: str = "auto",
-    cost_model: Any = "flops",
+    cost_model: Any = DEFAULT_COST_MODEL,
     workspace: str = "measure",
     time_limit: float | None = None,
     solver_options: dict | None = None,
@@ -402,7 +403,7 @@ def plan(
     return plan
 
 
-def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_model="flops", workspace="measure",
+def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_model=DEFAULT_COST_MODEL, workspace="measure",
                      time_limit=None, solver_options=None, cache=True, **example_kwargs) -> tuple[Plan, Capture]:
     """Like :func:`plan`, also returning the :class:`~remat.capture.Capture`."""
     check_unwrapped(model)
@@ -465,7 +466,7 @@ class ParetoFront(dict):
 
 
 def pareto(model, *example_args, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT_PARETO_BUDGETS,
-           cost_model: Any = "flops", workspace: str = "measure", time_limit: float | None = None,
+           cost_model: Any = DEFAULT_COST_MODEL, workspace: str = "measure", time_limit: float | None = None,
            cache: bool = True, **example_kwargs) -> ParetoFront:
     """Plan ``model``'s training step with each of ``solvers`` at each of ``budgets``.
 
@@ -485,7 +486,7 @@ def pareto(model, *example_args, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT
 
 
 def pareto_of_graph(graph, *, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT_PARETO_BUDGETS,
-                    cost_model: Any = "flops", time_limit: float | None = None, cache: bool = True,
+                    cost_model: Any = DEFAULT_COST_MODEL, time_limit: float | None = None, cache: bool = True,
                     on_plan=None) -> ParetoFront:
     """:func:`pareto` on a captured :class:`~remat.graph.Graph`; ``on_plan(solver, budget_bytes, plan_or_None)``
     is called after each cell (the CLI's progress bar)."""

@@ -22,7 +22,7 @@ from torch._dynamo.backends.common import aot_autograd
 
 from .budget import parse_budget_text
 from .capture import capture_joint
-from .cost import make_cost_fn, make_transfer_meta, make_workspace_fn
+from .cost import DEFAULT_COST_MODEL, make_cost_fn, make_transfer_meta, make_workspace_fn
 from .errors import RematError, through_dynamo
 from .lower import lower
 from .cache import plan_with_cache
@@ -50,7 +50,7 @@ class BackendOptions:
 
     budget: Any = None
     solver: str = "auto"
-    cost_model: Any = "flops"
+    cost_model: Any = DEFAULT_COST_MODEL
     workspace: str = "measure"  # "measure" each op's scratch memory once, or "none"
     time_limit: float | None = None
     solver_options: dict = field(default_factory=dict)

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from .budget import parse_size
+from .cost import DEFAULT_COST_MODEL
 from .cost.machine import cache_dir, key_hash, read_json_entry, write_json_atomic
 from .errors import RematError
 from .graph import Graph
@@ -90,7 +91,7 @@ def _budget_key(budget) -> Any:
     return budget  # int or None (bools and the like: make_plan rejects them)
 
 
-def cache_key(graph: Graph, budget, solver: str, *, cost_model: Any = "flops", time_limit: float | None = None,
+def cache_key(graph: Graph, budget, solver: str, *, cost_model: Any = DEFAULT_COST_MODEL, time_limit: float | None = None,
               solver_options: dict | None = None) -> dict | None:
     """The JSON key of a planning request, or ``None`` when it cannot be keyed (options that are not
     JSON data): such requests are neither read from nor written to the cache."""
@@ -144,7 +145,7 @@ def store(key: dict, plan: Plan) -> None:
 
 
 def plan_with_cache(graph: Graph, budget=None, solver: str = "auto", *, time_limit: float | None = None,
-                    solver_options: dict | None = None, cost_model: Any = "flops", cache: bool = True) -> Plan:
+                    solver_options: dict | None = None, cost_model: Any = DEFAULT_COST_MODEL, cache: bool = True) -> Plan:
     """:func:`remat.planner.make_plan`, reading and filling the on-disk cache when ``cache``.
 
     Sets ``plan.info["cache"]``: ``"hit"`` (read, not solved; ``solve_seconds`` is then the time
