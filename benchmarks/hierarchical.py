@@ -17,7 +17,7 @@ smoke test on tiny models that writes nothing).
 2. **Measured against predicted** on an 8-layer GPT-2 that runs on the CPU (d_model 256, 4 heads,
    sequence 256, batch 4, vocab 2000): for budgets from 100% of the store_all peak down to
    the smallest feasible one, each hierarchical plan runs through ``remat.optimize``, planned
-   with each of remat's cost models (``flops``, the default, and ``profile``); its
+   with each of remat's cost models (``flops``, the default when this benchmark was made, and ``profile``, the default since); its
    measured peak is held against the predicted one, and its step time against remat's
    store_all plan (same captured graph): the two run alternately, ``ROUNDS`` times, and the
    overhead is the median of the per-round ratios minus 1, so machine noise hits both alike.
@@ -379,10 +379,10 @@ def planning_md(r: dict) -> list[str]:
         f"**{'met' if r['sweep_s'] < 60 else 'not met'}** "
         "(HiRemate reported about 2.5 h of planning for a 2,500-node transformer)",
         "",
-        "Predicted peak (MiB) and predicted overhead (extra compute over store_all, `flops` cost model, the default) "
+        "Predicted peak (MiB) and predicted overhead (extra compute over store_all, `flops` cost model, the default when this benchmark was made) "
         "per budget; \"–\": no plan within the budget. Rotor and chen_sqrt planned on the same graph, untimed. "
         "The last two columns: hierarchical planned with `cost_model=\"profile\"` (every distinct op timed on this "
-        "machine), untimed, as a cross-check of the default cost model. The last row is hierarchical's smallest feasible budget.",
+        "machine), untimed, as a cross-check of the `flops` cost model. The last row is hierarchical's smallest feasible budget.",
         "",
         "| budget | budget MiB | hierarchical peak | hierarchical overhead | rotor peak | rotor overhead | chen_sqrt peak | chen_sqrt overhead | hierarchical (profile) peak | hierarchical (profile) overhead |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -433,7 +433,7 @@ def measured_md(runs: list[tuple[Method, dict]], cfg: dict, rounds: int, dropout
         f"{info['plan_info'].get('classes (both deals)')} block classes with MILP menus. remat store_all: predicted {mib(info['store_predicted'])} MiB, "
         f"measured {mib(method.baseline_peak)} MiB, {method.baseline_seconds * 1e3:.0f} ms/step. "
         f"Overhead: median over {rounds} rounds of (plan step ÷ store_all step), run alternately, minus 1. "
-        "Planned twice, with each of remat's cost models: `flops` (the default: a roofline from FLOPs and bytes "
+        "Planned twice, with each of remat's cost models: `flops` (the default until `profile` replaced it: a roofline from FLOPs and bytes "
         "moved) and `profile` (every distinct op timed on this machine). Rows \"= X peak\" are planned at "
         "another method's measured peak (section 3).",
         "",
@@ -566,7 +566,7 @@ NOTES = """## Notes
   graph saves a bool mask, and the compiled backends decompose dropout differently again; so the baselines
   (eager, remat store_all, compiled at budget 1.0) differ even before any planning. Each method is compared with
   its own unplanned step; the matched-peak table compares absolute bytes and absolute step times.
-- **Cost models.** Plans are made with `flops` (the default) and, as a cross-check, `profile`. Before commit
+- **Cost models.** Plans are made with `flops` (the default when this benchmark was made; `profile` is the default now) and, as a cross-check, `profile`. Before commit
   8cfb52d the `flops` roofline priced dropout's random-number drawing about 20× below its cost on this CPU, and
   measured overheads of the `flops` plans sat 5–8 points above the predictions from the first recomputation on
   (the planner replayed dropouts believing them free); random ops now cost at least their measured drawing rate.

@@ -418,7 +418,7 @@ def verdict_md(runs: list[dict]) -> list[str]:
         lines.append(
             "  The CPU file store's copies are synchronous (they stall compute for their whole duration, as the "
             "simulator assumes with `overlap=False`); its measured bandwidth is one small-file figure taken once, "
-            "and the flops cost model's store_all compute time differs from the measured step, so predicted and "
+            "and the cost model's store_all compute time differs from the measured step, so predicted and "
             "measured overheads of offloading plans are not expected to agree closely here.")
     for r in runs:
         plain = r["batches"][0]["result"].plain_batch_size
