@@ -19,7 +19,9 @@ Memory model of :func:`simulate` (bytes counted against the budget):
 * inputs (parameters, buffers, user inputs) are resident throughout and not counted;
 * at ``compute(n)`` the peak candidate is ``resident + bytes(outputs of n) + workspace(n)``:
   an op's inputs and outputs are alive together;
-* at the boundary autograd hands in the tangents; like activations, they go at their last use;
+* at the boundary autograd hands in the tangents; like activations, they go at their last use,
+  unless they are backward outputs: a captured graph lists its tangents there, because autograd
+  keeps the gradients it hands to a backward until that backward returns;
 * forward outputs belong to the user from the boundary on: they stay counted until the end
   even after the plan stops using them; backward outputs (gradients) must be resident at the end;
 * a node reading an input that the step mutates (``graph.meta['no_backward_recompute']``)
