@@ -259,7 +259,7 @@ def optimize(
     *example_args,
     budget=None,
     solver: str = "auto",
-    cost_model: Any = DEFAULT_COST_MODEL,
+    cost_model: Any = None,
     workspace: str = "measure",
     time_limit: float | None = None,
     solver_options: dict | None = None,
@@ -291,7 +291,9 @@ def optimize(
     planned graphs into fused kernels (``mode`` and ``inductor_options`` as in ``torch.compile``;
     see :mod:`remat.inductor`), and, with ``calibrate``, runs the compiled step once on copies of the
     example inputs and re-plans while its measured peak is above the budget; ``compile_kwargs``
-    (``fullgraph``, ``dynamic``, ...) pass to ``torch.compile``.
+    (``fullgraph``, ``dynamic``, ...) pass to ``torch.compile``. ``cost_model`` (see :mod:`remat.cost`)
+    defaults to ``"profile"``, and to ``"flops"`` with ``compiler="inductor"``, whose kernels are
+    Inductor's own rather than the ATen kernels a profile times.
     """
     _warn_if_not_training(model)
     if not torch.is_grad_enabled():
@@ -302,6 +304,8 @@ def optimize(
             "you train, with gradients enabled; evaluation and inference need no plan.",
             NotTrainingWarning, stacklevel=2,
         )
+    if cost_model is None:
+        cost_model = "flops" if compiler == "inductor" else DEFAULT_COST_MODEL
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
                    time_limit=time_limit, solver_options=solver_options or {}, cache=cache)
     wrapped = RematModule(model, options, compiler=compiler, mode=mode, inductor_options=inductor_options,
