@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 
 from .backend import BackendOptions, remat_backend
-from .cost import DEFAULT_COST_MODEL
+from .cost import DEFAULT_COST_MODEL, INDUCTOR_COST_MODEL
 from .capture import Capture
 from .errors import CaptureError, InfeasibleBudgetError, NotTrainingWarning, RematError, SolverError
 from .integrations import check_unwrapped
@@ -305,7 +305,7 @@ def optimize(
             NotTrainingWarning, stacklevel=2,
         )
     if cost_model is None:
-        cost_model = "flops" if compiler == "inductor" else DEFAULT_COST_MODEL
+        cost_model = INDUCTOR_COST_MODEL if compiler == "inductor" else DEFAULT_COST_MODEL
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
                    time_limit=time_limit, solver_options=solver_options or {}, cache=cache)
     wrapped = RematModule(model, options, compiler=compiler, mode=mode, inductor_options=inductor_options,
@@ -341,7 +341,7 @@ def compile(
     solver: str = "auto",
     mode: str | None = None,
     options: dict | None = None,
-    cost_model: Any = "flops",
+    cost_model: Any = INDUCTOR_COST_MODEL,
     workspace: str = "measure",
     time_limit: float | None = None,
     solver_options: dict | None = None,

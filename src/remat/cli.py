@@ -562,11 +562,16 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", default="small", choices=SIZES, help="scale of a built-in model (default: small)")
 
 
+def _add_cost_model(p: argparse.ArgumentParser) -> None:
+    # "profile" is remat.cost.DEFAULT_COST_MODEL, written out: the CLI starts without importing torch
+    p.add_argument("--cost-model", default="profile", choices=["profile", "flops", "unit"])
+
+
 def _add_planning(p: argparse.ArgumentParser, budget_required: bool) -> None:
     p.add_argument("--budget", type=parse_budget, required=budget_required, default=None,
                    help="a fraction in (0, 1], 'min' (the smallest feasible), or a size with a unit (2GiB, 800MB)")
     p.add_argument("--solver", default="auto", help="auto (default) or one of remat.available_solvers()")
-    p.add_argument("--cost-model", default="profile", choices=["profile", "flops", "unit"])
+    _add_cost_model(p)
     p.add_argument("--time-limit", type=float, default=None, help="seconds a MILP solver may run")
 
 
@@ -595,7 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--solvers", nargs="+", default=list(DEFAULT_PARETO_SOLVERS), metavar="SOLVER")
     sweep.add_argument("--budgets", nargs="+", type=parse_budget, default=list(DEFAULT_PARETO_BUDGETS),
                        metavar="BUDGET")
-    sweep.add_argument("--cost-model", default="profile", choices=["profile", "flops", "unit"])
+    _add_cost_model(sweep)
     sweep.add_argument("--time-limit", type=float, default=None, help="seconds a MILP solver may run per budget")
     sweep.add_argument("--output", metavar="FILE.png|svg", help="plot the curves to this file")
     sweep.set_defaults(func=cmd_sweep)
@@ -614,7 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="total step memory (parameters, buffers, batch, the step's peak; not optimizer "
                                "state): a size with a unit (16GiB, 800MB)")
     maxbatch.add_argument("--solver", default="auto", help="auto (default) or one of remat.available_solvers()")
-    maxbatch.add_argument("--cost-model", default="profile", choices=["profile", "flops", "unit"])
+    _add_cost_model(maxbatch)
     maxbatch.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     maxbatch.add_argument("--start", type=int, default=2,
                           help="first batch size tried (default 2: BatchNorm cannot train on one sample)")

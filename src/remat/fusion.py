@@ -103,6 +103,7 @@ class Fused:
     graph: Graph
     members: list[list[int]]  # fused node id -> original node ids, producers first
     original: Graph
+    deferred_adds: frozenset = frozenset()  # op ids the lowering must keep apart from their mm
 
     def expand(self, fused_plan: Plan, **plan_kwargs) -> Plan:
         """The op-level plan that runs each fused node's ops where ``fused_plan`` runs the node."""
@@ -163,7 +164,8 @@ def deferred_addmm_adds(capture: Capture) -> set[int]:
     largest value) and the last hidden state alive through the whole backward, and tie the first
     block of the chain to the last, so that no chain of blocks is left to plan. The lowering writes
     these adds as ``sub(x, y, alpha=-1)`` (bitwise ``x + y``: negation is exact), which the pattern
-    does not match; the product then runs, and its inputs die, where the plan puts it."""
+    does not match (:func:`remat.lower.lower`'s ``keep_apart``); the product then runs, and its inputs
+    die, where the plan puts it."""
     return {add for mm, add in addmm_candidates(capture).items() if add != mm + 1}
 
 
@@ -255,7 +257,7 @@ def fuse(capture: Capture) -> Fused:
     groups = fusion_groups(capture)
     graph = graph_of_groups(capture.graph, groups, name=f"{capture.graph.name} (fused)",
                             workspace_of=_workspace_of(capture))
-    return Fused(graph, groups, capture.graph)
+    return Fused(graph, groups, capture.graph, frozenset(deferred_addmm_adds(capture)))
 
 
 __all__ = ["Fused", "fuse", "fusion_groups", "addmm_pairs", "addmm_candidates", "deferred_addmm_adds", "MAX_INLINED_READS"]

@@ -50,7 +50,7 @@ from . import compiled_ops  # noqa: F401  (registers remat's operators before an
 from .backend import BackendOptions, _device_of
 from .cache import code_fingerprint, plan_with_cache
 from .capture import capture_joint
-from .cost import make_cost_fn, make_workspace_fn
+from .cost import INDUCTOR_COST_MODEL, make_cost_fn, make_workspace_fn
 from .errors import InfeasibleBudgetError, SolverError
 from .fusion import fuse
 from .lower import lower
@@ -111,7 +111,7 @@ class RematPartitioner(CustomPartitionerFn):
         self.last_plan = plan
         if opts.on_plan is not None:
             opts.on_plan(plan, capture)
-        return lower(capture, fused.expand(plan), compiled=True)
+        return lower(capture, fused.expand(plan), compiled=True, keep_apart=fused.deferred_adds)
 
     def __getstate__(self) -> dict:
         """Inductor pickles its config (cache keys): without the plan callback and the last plan."""
@@ -133,7 +133,7 @@ class RematPartitioner(CustomPartitionerFn):
         return hashlib.sha256(described.encode()).hexdigest()
 
 
-def partitioner(budget=None, solver: str = "auto", cost_model: Any = "flops", *, workspace: str = "measure",
+def partitioner(budget=None, solver: str = "auto", cost_model: Any = INDUCTOR_COST_MODEL, *, workspace: str = "measure",
                 time_limit: float | None = None, solver_options: dict | None = None, cache: bool = True,
                 on_plan=None) -> RematPartitioner:
     """A ``CustomPartitionerFn`` for ``torch._inductor.config.custom_partitioner_fn``.

@@ -44,7 +44,7 @@ BATCH_NORM_NO_STATS = torch.ops.aten._native_batch_norm_legit.no_stats
 
 
 class _Lowering:
-    def __init__(self, capture: Capture, plan: Plan, compiled: bool = False):
+    def __init__(self, capture: Capture, plan: Plan, compiled: bool = False, keep_apart=frozenset()):
         if capture.graph.structural_hash != plan.graph.structural_hash:
             raise InvalidPlanError("the plan was made for a different graph (structural hashes differ)")
         self.cap = capture
@@ -55,11 +55,7 @@ class _Lowering:
                 "a plan that offloads values cannot be compiled by Inductor yet: plan with a recomputation "
                 "solver (not 'hybrid'), or use remat.optimize's default (eager) lowering for offloading plans"
             )
-        self.deferred_adds: set[int] = set()  # compiled: adds whose mm Inductor must not move to them
-        if compiled:
-            from .fusion import deferred_addmm_adds
-
-            self.deferred_adds = deferred_addmm_adds(capture)
+        self.keep_apart = frozenset(keep_apart)  # adds whose mm Inductor must not move to them
         self.fwd = fx.Graph()
         self.bwd = fx.Graph()
         self.computed: set[int] = set()  # nodes run at least once so far
@@ -180,7 +176,7 @@ class _Lowering:
             x, w, b = fx.map_arg((x, w, b), self._resolve)
             new = g.call_function(BATCH_NORM_NO_STATS, (x, w, b, training, momentum, eps))
             new.meta.update(op.meta)
-        elif nid in self.deferred_adds:  # x + y as x - (-1) * y, bitwise: Inductor keeps the mm where it is
+        elif nid in self.keep_apart:  # x + y as x - (-1) * y, bitwise: Inductor keeps the mm where it is
             new = g.call_function(torch.ops.aten.sub.Tensor, fx.map_arg(op.args, self._resolve), {"alpha": -1})
             new.meta.update(op.meta)
         else:
@@ -347,11 +343,14 @@ def offload_store_kind(graph) -> str:
     return PINNED_STORE if str(graph.meta.get("device", "cpu")).startswith("cuda") else FILE_STORE
 
 
-def lower(capture: Capture, plan: Plan, *, compiled: bool = False) -> tuple[fx.GraphModule, fx.GraphModule]:
+def lower(capture: Capture, plan: Plan, *, compiled: bool = False,
+          keep_apart=frozenset()) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Forward and backward GraphModules that execute ``plan`` (not yet boxed). ``compiled``: the
     graphs are for a compiler (Inductor), which needs registered operators only, so random ops
-    run through :mod:`remat.compiled_ops`; offloading plans are refused there."""
-    return _Lowering(capture, plan, compiled).lower()
+    run through :mod:`remat.compiled_ops`; offloading plans are refused there. ``keep_apart``: op
+    ids of ``add``s written as ``sub(x, y, alpha=-1)`` (bitwise ``x + y``), so that Inductor does not
+    fuse an earlier ``mm`` into them (:attr:`remat.fusion.Fused.deferred_adds`)."""
+    return _Lowering(capture, plan, compiled, keep_apart).lower()
 
 
 __all__ = ["lower", "offload_store_kind"]

@@ -25,6 +25,8 @@ from ..errors import RematError
 # longer than its bytes say, so on ResNet-18 a plan predicted at +1.1% measured +15.6% over
 # store_all; planned on profiled costs, +4.4% predicted and +0.3% measured (GPT-2: no difference).
 DEFAULT_COST_MODEL = "profile"
+# Inductor's fused kernels are its own code, not the ATen kernels a profile times
+INDUCTOR_COST_MODEL = "flops"
 
 
 def make_cost_fn(cost_model, device: torch.device | str = "cpu") -> Callable[[fx.Node], float]:

@@ -101,6 +101,8 @@ def _solve(h, time_limit: float | None, gap: float, threads: int | None):
     optimum's objective yet hand back the warm start's vector. When they disagree, the model is
     solved again without the warm start in the time left, and the better of the two vectors is
     returned (with the second run's status, so a plan is never called optimal on a mismatch)."""
+    import highspy
+
     limit = float(time_limit if time_limit is not None else DEFAULT_TIME_LIMIT)
     h.setOptionValue("time_limit", limit)
     h.setOptionValue("mip_rel_gap", float(gap))
@@ -123,8 +125,6 @@ def _solve(h, time_limit: float | None, gap: float, threads: int | None):
         y = np.asarray(h.getSolution().col_value)
         if _objective_agrees(h, y, second_info.objective_function_value) or _objective(h, y) < _objective(h, x):
             return second_status, second_info, y
-    import highspy
-
     if second_status == highspy.HighsModelStatus.kOptimal:  # the second run proved nothing about x
         second_status = highspy.HighsModelStatus.kInterrupt
     return second_status, second_info, x
