@@ -106,3 +106,34 @@ def test_max_pooling_offsets_are_computed_inside_the_scatter_that_reads_them():
         for n in offsets:
             if n in members:
                 assert members[-1] != n, "the indices are inlined into their reader, never materialised"
+
+
+class ProductThenPointwise(nn.Module):
+    """``tanh(x @ w) * 2`` and ``(x @ w).t() * 3``: the first reads the product at the index it
+    writes, the second through a transpose."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 16))
+
+    def forward(self, x):
+        y = x @ self.w
+        z = (x @ self.w).t()
+        return (torch.tanh(y) * 2).sum() + (z * 3).sum()
+
+
+def test_inplace_reuse_is_listed_for_reads_at_the_written_index_only():
+    capture = _capture(ProductThenPointwise(), torch.randn(16, 16))
+    fused = fuse(capture)
+    graph = fused.graph
+    reuses = graph.meta["inplace_reuse"]
+    readers = {(graph.nodes[n].name, graph.values[v].name) for n, v, _ in reuses}
+    products = [v for v in graph.values if v.producer is not None and graph.nodes[v.producer].op.startswith("aten.mm")]
+    forward_products = [v for v in products if graph.nodes[v.producer].phase == "forward"]
+    assert len(forward_products) == 2
+    direct, transposed = forward_products  # y, then z's product
+    assert any(value == direct.name for _, value in readers), readers  # tanh(y) * 2 may take y's storage
+    assert not any(value == transposed.name for _, value in readers), readers  # z.t() * 3 reads y transposed
+    for n, v, o in reuses:
+        assert v in graph.nodes[n].inputs and o in graph.nodes[n].outputs
+        assert graph.values[v].bytes == graph.values[o].bytes

@@ -116,3 +116,39 @@ def test_plan_save_load_roundtrip(tmp_path):
     assert loaded.graph.structural_hash == g.structural_hash
     assert loaded.solver == "chen_sqrt" and loaded.budget_bytes == 10_000
     assert "chen_sqrt" in loaded.summary()
+
+
+def _pointwise_chain(reuse: bool):
+    """x -> a -> b -> loss, backward g_b -> g_a; with ``reuse``, b may take a's storage (Inductor's in-place)."""
+    b = GraphBuilder("pointwise")
+    x = b.input("x", 1000)
+    t = b.tangent("t", 1)
+    (a,) = b.op("a", [x], [100], cost=1.0)
+    (bb,) = b.op("b", [a], [100], cost=1.0)
+    (loss,) = b.op("loss", [bb], [1], cost=1.0)
+    (g_w,) = b.op("grad", [t, x], [10], phase=BACKWARD, cost=1.0)
+    meta = {"inplace_reuse": [[1, a, bb]]} if reuse else None
+    return b.build(forward_outputs=[loss], backward_outputs=[g_w], meta=meta), a, bb
+
+
+def test_an_output_written_into_a_dying_input_adds_nothing():
+    plain, _, _ = _pointwise_chain(reuse=False)
+    graph, a, bb = _pointwise_chain(reuse=True)
+    order = dict(forward=[0, 1, 2], backward=[3])
+    # without reuse b runs beside a: 100 + 100; with it b is written into a's storage, and the
+    # peak is b beside the loss
+    unfused = Plan.from_schedule(plain, **order)
+    assert unfused.peak_bytes == 200
+    reused = Plan.from_schedule(graph, **order)
+    assert reused.peak_bytes == 101
+    # the free of a released nothing; b's free releases its (a's) storage: nothing is left over
+    assert reused.simulation.timeline[-1] == unfused.simulation.timeline[-1]
+
+
+def test_no_reuse_of_an_input_that_lives_on():
+    graph, a, bb = _pointwise_chain(reuse=True)
+    # a kept until the loss has run (not freed right after b): b cannot take its storage
+    instructions = [Instruction(COMPUTE, 0), Instruction(COMPUTE, 1), Instruction(COMPUTE, 2),
+                    Instruction(FREE, a), Instruction(FREE, bb), Instruction(COMPUTE, 3)]
+    sim = simulate(graph, instructions, boundary=5)
+    assert sim.peak_bytes == 201

@@ -33,17 +33,20 @@ groups in order of their consumers are a topological order: an inlined producer 
 nothing between it and that reader depends on it. :meth:`Fused.expand` turns a plan of the fused
 graph into the op-level plan the lowering replays; Inductor then fuses the same chains again.
 
+Inductor also writes a kernel's output into the storage of an input that dies there
+(``config.inplace_buffers``; the backward's saved inputs too, which AOTAutograd donates). The fused
+graph lists where that can happen (``meta["inplace_reuse"]``, :func:`inplace_reuses`) and the
+simulator counts it where the plan lets the input die: on GPT-2 it is worth about 4% of the peak.
+
 What Inductor's scheduler does beyond this model, seen in its generated code (``del`` and
 ``# reuse`` lines of the wrapper):
 
 * it fuses a materialised value's readers into the producer's kernel, so that the value never
   exists (a log-softmax backward: the product read by a row sum and by the pointwise op after it
-  is one kernel), and writes a kernel's output into the storage of an input that dies there
-  (``config.inplace_buffers``, also the backward's saved inputs, which AOTAutograd donates): both
-  lower the measured peak below the plan's, by up to a few of the largest values;
+  is one kernel): the measured peak can be below the plan's;
 * it fuses kernels vertically across the plan's order, so that an output fused into an earlier
-  kernel is allocated early, which can raise the measured peak a little. Horizontal fusion (kernels
-  that only share a read) is switched off by :data:`remat.inductor.INDUCTOR_CONSTRAINTS`: it merged
+  kernel is allocated early, which can raise the measured peak. Horizontal fusion (kernels that
+  only share a read) is switched off by :data:`remat.inductor.INDUCTOR_CONSTRAINTS`: it merged
   two recomputed copies of one chain and kept both alive, 1.5x the predicted peak.
 
 :func:`remat.inductor.calibrate` measures the compiled step and re-plans when the peak is above
@@ -52,6 +55,7 @@ the budget.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 
@@ -60,7 +64,7 @@ import torch.fx as fx
 
 from .capture import Capture
 from .coarsen import graph_of_groups
-from .graph import Graph
+from .graph import ACTIVATION, Graph
 from .plan import Plan
 
 MAX_INLINED_READS = 8  # Inductor's realize_acc_reads_threshold default
@@ -252,12 +256,74 @@ def fusion_groups(capture: Capture) -> list[list[int]]:
     return [groups[r] for r in sorted(groups)]
 
 
+def inplace_reuses(capture: Capture, groups: list[list[int]]) -> list[tuple[int, int, int]]:
+    """``(group, input value, output value)`` for each input whose storage Inductor may hand to the
+    group's output (``config.inplace_buffers``) when the group is the input's last reader.
+
+    Inductor writes a kernel's output into the buffer of an input that dies at that kernel when the
+    kernel reads the input at the very index it writes (``can_inplace``: one access, equal index)
+    and the two have the same dtype and (within 5%) the same size; counted here: equal sizes. Here: the group's consumer is a
+    pointwise op Inductor generates, with one output; the input is an activation (parameters and
+    user inputs are never reused; tangents are not donated) of the output's storage size, read only
+    with the output's dtype, shape and strides (itself or a view that only reshapes it) and only by
+    members whose outputs keep that shape all the way to the consumer (no broadcast or reduction
+    between the read and the write). Whether
+    the input dies there depends on the plan: :func:`remat.plan.simulate` decides that.
+    """
+    graph = capture.graph
+    values = graph.values
+    found: list[tuple[int, int, int]] = []
+    for g, members in enumerate(groups):
+        consumer = members[-1]
+        out_fx = capture.op_node[consumer]
+        if len(graph.nodes[consumer].outputs) != 1 or graph.nodes[consumer].random:
+            continue
+        if not _is_pointwise(out_fx) or not _generated_by_inductor(out_fx):
+            continue
+        (o,) = graph.nodes[consumer].outputs
+        out_val = capture.value_node[o].meta.get("val")
+        if capture.value_node[o] is not out_fx or not isinstance(out_val, torch.Tensor):
+            continue
+        member_set = set(members)
+        aligned: set[int] = set()  # members whose output reaches the consumer's at the same index
+        for m in reversed(members):
+            val = capture.op_node[m].meta.get("val")
+            if not (_is_pointwise(capture.op_node[m]) and isinstance(val, torch.Tensor)
+                    and tuple(val.shape) == tuple(out_val.shape)):
+                continue
+            readers = [u for v in graph.nodes[m].outputs for u in graph.users[v] if u in member_set]
+            if m == consumer or (readers and all(u in aligned for u in readers)):
+                aligned.add(m)
+        layout = (out_val.dtype, tuple(out_val.shape), tuple(out_val.stride()), 0)
+        reads: dict[int, bool] = {}  # outside value -> every read is at the output's index
+        for m in members:
+            for arg in capture.op_node[m].all_input_nodes:
+                v = capture.value_id.get(arg, capture.alias_base.get(arg))
+                if v is None or values[v].producer in member_set:
+                    continue
+                val = arg.meta.get("val")  # the value itself, or a view of it (a reshape keeps the index)
+                same_index = m in aligned and isinstance(val, torch.Tensor) and (
+                    val.dtype, tuple(val.shape), tuple(val.stride()), val.storage_offset()) == layout
+                reads[v] = reads.get(v, True) and same_index
+        for v, same_index in reads.items():
+            # equal storage sizes (Inductor also reuses a buffer up to 5% larger; not counted here)
+            if same_index and values[v].kind == ACTIVATION and values[v].bytes == values[o].bytes:
+                found.append((g, v, o))
+    return found
+
+
 def fuse(capture: Capture) -> Fused:
-    """The fused graph of ``capture`` (see the module docstring)."""
+    """The fused graph of ``capture`` (see the module docstring), with ``meta["inplace_reuse"]``:
+    ``[node, input value, output value]`` triples of :func:`inplace_reuses` in the fused graph's ids."""
     groups = fusion_groups(capture)
     graph = graph_of_groups(capture.graph, groups, name=f"{capture.graph.name} (fused)",
                             workspace_of=_workspace_of(capture))
+    fused_id = {value.name: value.id for value in graph.values}
+    names = capture.graph.values
+    reuses = [[g, fused_id[names[v].name], fused_id[names[o].name]] for g, v, o in inplace_reuses(capture, groups)]
+    if reuses:
+        graph = dataclasses.replace(graph, meta={**graph.meta, "inplace_reuse": reuses})
     return Fused(graph, groups, capture.graph, frozenset(deferred_addmm_adds(capture)))
 
 
-__all__ = ["Fused", "fuse", "fusion_groups", "addmm_pairs", "addmm_candidates", "deferred_addmm_adds", "MAX_INLINED_READS"]
+__all__ = ["Fused", "fuse", "fusion_groups", "inplace_reuses", "addmm_pairs", "addmm_candidates", "deferred_addmm_adds", "MAX_INLINED_READS"]

@@ -26,6 +26,10 @@ Memory model of :func:`simulate` (bytes counted against the budget):
   even after the plan stops using them; backward outputs (gradients) must be resident at the end;
 * a node reading an input that the step mutates (``graph.meta['no_backward_recompute']``)
   cannot run in the backward, where that input already holds its new value;
+* on a graph that says so (``graph.meta['inplace_reuse']``, ``[node, input, output]`` triples: the
+  fused graph of :mod:`remat.fusion`, whose kernels Inductor writes), an output takes the storage
+  of an input the plan frees right after that node (the node is the input's last reader): the
+  node then adds only the output's bytes beyond the input's, and the input's ``free`` releases nothing;
 * a random node that is computed more than once keeps a generator state
   (``graph.meta['rng_state_bytes']``) from its first run until its last replay;
 * offloaded bytes leave the budget only when their copy has finished; the offload tier
@@ -137,7 +141,21 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
     runs_left = dict(runs)
     no_backward_recompute = set(graph.meta.get("no_backward_recompute", ()))
 
+    reuse_candidates: dict[int, list[tuple[int, int]]] = {}  # node -> (input, output) pairs
+    for n, v_in, v_out in graph.meta.get("inplace_reuse", ()):
+        reuse_candidates.setdefault(int(n), []).append((int(v_in), int(v_out)))
+    freed_next: dict[int, set[int]] = {}  # compute index -> values freed before the next compute
+    last_compute = None
+    for i, ins in enumerate(instructions):
+        if ins.kind == COMPUTE:
+            last_compute = i
+        elif ins.kind == FREE and last_compute is not None and reuse_candidates:
+            freed_next.setdefault(last_compute, set()).add(ins.target)
+        else:
+            last_compute = None
+
     resident: set[int] = set()
+    absorbed: set[int] = set()  # resident values whose storage an output took: their free releases nothing
     pinned: set[int] = set()  # forward outputs held by the user
     offloaded: set[int] = set()  # values whose only copy is in the offload tier
     ready: dict[int, float] = {}  # reloaded value -> time its copy finishes
@@ -246,6 +264,14 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
                 out_bytes += values[v].bytes
             if node.random and runs[node.id] > 1 and runs_left[node.id] == runs[node.id]:
                 current += rng_bytes  # generator state kept for the replays
+            reused, taken = 0, set()
+            for v_in, v_out in reuse_candidates.get(node.id, ()):  # outputs written into dying inputs
+                if (v_out not in taken and v_in in freed_next.get(i, ()) and v_in in resident
+                        and v_in not in absorbed and v_in not in pinned and values[v_in].kind == ACTIVATION):
+                    taken.add(v_out)
+                    absorbed.add(v_in)
+                    reused += values[v_in].bytes
+            out_bytes -= reused
             here = current + external + out_bytes + node.workspace
             if here > peak:
                 peak, peak_index = here, i
@@ -279,7 +305,9 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
                     if v in pinned:
                         fail(i, "a forward output belongs to the user and cannot be freed")
                     resident.discard(v)
-                    if v in ready:  # its reload still writes into it: the bytes go when it lands
+                    if v in absorbed:  # an output lives in its storage now
+                        absorbed.discard(v)
+                    elif v in ready:  # its reload still writes into it: the bytes go when it lands
                         pending.append((ready.pop(v), values[v].bytes, 0))
                     else:
                         current -= values[v].bytes
