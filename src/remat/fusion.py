@@ -44,10 +44,13 @@ What Inductor's scheduler does beyond this model, seen in its generated code (``
 * it fuses a materialised value's readers into the producer's kernel, so that the value never
   exists (a log-softmax backward: the product read by a row sum and by the pointwise op after it
   is one kernel): the measured peak can be below the plan's;
-* it fuses kernels vertically across the plan's order, so that an output fused into an earlier
-  kernel is allocated early, which can raise the measured peak. Horizontal fusion (kernels that
-  only share a read) is switched off by :data:`remat.inductor.INDUCTOR_CONSTRAINTS`: it merged
-  two recomputed copies of one chain and kept both alive, 1.5x the predicted peak.
+* it allocates all outputs of a fused kernel before running it and frees the inputs after, so
+  two kernels fused from neighbours in the plan can hold a little more at once than the plan,
+  which runs them one after the other. Fusion across the plan's order, which moved computation
+  and stretched lifetimes, is limited to neighbours (:class:`remat.inductor.PlanOrderChoices`);
+  horizontal fusion (kernels that only share a read) is switched off
+  (:data:`remat.inductor.INDUCTOR_CONSTRAINTS`): it merged two recomputed copies of one chain and
+  kept both alive, 1.5x the predicted peak.
 
 :func:`remat.inductor.calibrate` measures the compiled step and re-plans when the peak is above
 the budget.
@@ -261,13 +264,13 @@ def inplace_reuses(capture: Capture, groups: list[list[int]]) -> list[tuple[int,
     group's output (``config.inplace_buffers``) when the group is the input's last reader.
 
     Inductor writes a kernel's output into the buffer of an input that dies at that kernel when the
-    kernel reads the input at the very index it writes (``can_inplace``: one access, equal index)
-    and the two have the same dtype and (within 5%) the same size; counted here: equal sizes. Here: the group's consumer is a
-    pointwise op Inductor generates, with one output; the input is an activation (parameters and
-    user inputs are never reused; tangents are not donated) of the output's storage size, read only
-    with the output's dtype, shape and strides (itself or a view that only reshapes it) and only by
-    members whose outputs keep that shape all the way to the consumer (no broadcast or reduction
-    between the read and the write). Whether
+    kernel reads the input at exactly the index it writes (``can_inplace``: one access, the same
+    index) and both have the same dtype and, within 5%, the same size. Listed here, conservatively:
+    the group's consumer is a pointwise op that Inductor generates, with one output; the input is an
+    activation (parameters and user inputs are never reused, tangents are not donated) of the
+    output's storage size; every read of it has the output's dtype, shape and strides (the value
+    itself, or a view that only reshapes it) and is made by a member whose output keeps that shape
+    all the way to the consumer (no broadcast or reduction between the read and the write). Whether
     the input dies there depends on the plan: :func:`remat.plan.simulate` decides that.
     """
     graph = capture.graph

@@ -22,8 +22,8 @@ step's memory:
   feed each other, merged because they read the same buffer). It would run the later kernel at the
   earlier one's place, pulling its inputs' computation forward with it: a plan that recomputes a
   chain once for each of two backward uses had both copies alive at once, its measured peak 1.5x
-  the prediction on a small ResNet. Vertical fusion (producer into consumer), which
-  :mod:`remat.fusion` models, is untouched;
+  the prediction on a small ResNet. Vertical fusion (producer into consumer) stays, limited to
+  neighbours in the plan's order (last item);
 * ``allow_buffer_reuse = False``: a buffer is freed where it dies. Inductor would otherwise keep a
   dead buffer for a later allocation of the same size (its ``# reuse`` lines), when its own estimate
   of the graph's peak says that is free; that estimate leaves out the backward's saved inputs, and
@@ -93,8 +93,8 @@ def plan_into_reused_bytes(plan, budget_bytes: int, make, rounds: int = SLACK_RO
     at the budget peaks below it. Plan again with the budget raised by the bytes left over, and
     bisect between the last raise that fitted and the first that did not (``rounds`` plans at most):
     those bytes buy fewer recomputations."""
-    low, high = None, None  # planning budgets that fitted / did not
-    planned_at = budget_bytes
+    high = None  # the lowest raised planning budget whose plan did not fit
+    planned_at = chosen_at = budget_bytes  # the highest raised budget that fitted; where ``plan`` was made
     for _ in range(rounds):
         slack = budget_bytes - plan.peak_bytes
         if high is None:
@@ -110,16 +110,15 @@ def plan_into_reused_bytes(plan, budget_bytes: int, make, rounds: int = SLACK_RO
         except InfeasibleBudgetError:
             break
         if candidate.peak_bytes <= budget_bytes:
-            low = trial
             if candidate.compute_seconds <= plan.compute_seconds:
-                plan = candidate
+                plan, chosen_at = candidate, trial
             planned_at = trial
         else:
             high = trial
-    if low is not None and plan.budget_bytes != budget_bytes:
-        plan = copy.copy(plan)
+    if chosen_at != budget_bytes:
+        plan = copy.copy(plan)  # plans are shared by the caches
         plan.budget_bytes = budget_bytes
-        plan.info = {**plan.info, "planned_at_bytes": planned_at}
+        plan.info = {**plan.info, "planned_at_bytes": chosen_at}
     return plan
 
 

@@ -28,8 +28,8 @@ Memory model of :func:`simulate` (bytes counted against the budget):
   cannot run in the backward, where that input already holds its new value;
 * on a graph that says so (``graph.meta['inplace_reuse']``, ``[node, input, output]`` triples: the
   fused graph of :mod:`remat.fusion`, whose kernels Inductor writes), an output takes the storage
-  of an input the plan frees right after that node (the node is the input's last reader): the
-  node then adds only the output's bytes beyond the input's, and the input's ``free`` releases nothing;
+  of an input of the same size that the plan frees right after that node (the node is the input's
+  last reader): that output adds no bytes, and the input's ``free`` releases none;
 * a random node that is computed more than once keeps a generator state
   (``graph.meta['rng_state_bytes']``) from its first run until its last replay;
 * offloaded bytes leave the budget only when their copy has finished; the offload tier
