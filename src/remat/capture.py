@@ -89,6 +89,16 @@ def _storage_bytes(val: torch.Tensor) -> int:
     return allocated_bytes(nbytes, val.device)
 
 
+def _view_source(node: fx.Node) -> fx.Node | None:
+    """The tensor a view op (``aten.view``, ``transpose``, ``slice``, ...: its schema says its output
+    aliases its input) views; None for every other op."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or not target.is_view or not node.args:
+        return None
+    source = node.args[0]
+    return source if isinstance(source, fx.Node) else None
+
+
 def _is_random(node: fx.Node) -> bool:
     target = node.target
     tags = getattr(target, "tags", ())
@@ -252,6 +262,14 @@ def capture_joint(
         phase = FORWARD if n in forward else BACKWARD
         if isinstance(val, torch.Tensor):
             devices.add(val.device)
+            view_of = _view_source(n)
+            if view_of is not None and base_of(view_of) is not None:
+                # a view op: fold into its input's base. Its fake tensor's storage says the same in
+                # AOTAutograd's own trace, but not always after Inductor's joint-graph passes, which
+                # give rewritten nodes new fake tensors (a view that looked like a new value there
+                # was freed at its last direct read while a view of it was still to be made)
+                alias_base[n] = base_of(view_of)
+                continue
             key = _storage_key(val)
             if key is not None and key in storage_owner:
                 alias_base[n] = storage_owner[key]  # a view: fold into its base
