@@ -25,8 +25,8 @@ import torch
 import torch.nn as nn
 
 from .backend import BackendOptions, remat_backend
-from .cost import DEFAULT_COST_MODEL, INDUCTOR_COST_MODEL
 from .capture import Capture
+from .cost import DEFAULT_COST_MODEL, INDUCTOR_COST_MODEL
 from .errors import CaptureError, InfeasibleBudgetError, NotTrainingWarning, RematError, SolverError
 from .integrations import check_unwrapped
 from .plan import Plan

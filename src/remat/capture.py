@@ -262,17 +262,16 @@ def capture_joint(
         phase = FORWARD if n in forward else BACKWARD
         if isinstance(val, torch.Tensor):
             devices.add(val.device)
+            # a view: fold into its base, known from the op's schema or else from the storage its fake
+            # tensor shares. The schema comes first: after Inductor's joint-graph passes a rewritten
+            # view has a new fake tensor of its own (taken for a new value, it was freed at its last
+            # direct read while a view of it was still to be made)
             view_of = _view_source(n)
-            if view_of is not None and base_of(view_of) is not None:
-                # a view op: fold into its input's base. Its fake tensor's storage says the same in
-                # AOTAutograd's own trace, but not always after Inductor's joint-graph passes, which
-                # give rewritten nodes new fake tensors (a view that looked like a new value there
-                # was freed at its last direct read while a view of it was still to be made)
-                alias_base[n] = base_of(view_of)
-                continue
-            key = _storage_key(val)
-            if key is not None and key in storage_owner:
-                alias_base[n] = storage_owner[key]  # a view: fold into its base
+            base = base_of(view_of) if view_of is not None else None
+            if base is None:
+                base = storage_owner.get(_storage_key(val))
+            if base is not None:
+                alias_base[n] = base
                 continue
             holders = [n]
         elif isinstance(val, (tuple, list)):

@@ -95,16 +95,12 @@ def plan_into_reused_bytes(plan, budget_bytes: int, make, rounds: int = SLACK_RO
     those bytes buy fewer recomputations."""
     high = None  # the lowest raised planning budget whose plan did not fit
     planned_at = chosen_at = budget_bytes  # the highest raised budget that fitted; where ``plan`` was made
+    worth_trying = max(SLACK_MIN_FRACTION * budget_bytes, 1)
     for _ in range(rounds):
-        slack = budget_bytes - plan.peak_bytes
-        if high is None:
-            if slack < max(SLACK_MIN_FRACTION * budget_bytes, 1):
-                break
-            trial = planned_at + slack
-        else:
-            trial = (planned_at + high) // 2
-            if high - planned_at < max(SLACK_MIN_FRACTION * budget_bytes, 1):
-                break
+        gap = budget_bytes - plan.peak_bytes if high is None else high - planned_at  # bytes still unused / untried
+        if gap < worth_trying:
+            break
+        trial = planned_at + (gap if high is None else gap // 2)
         try:
             candidate = make(trial)
         except InfeasibleBudgetError:

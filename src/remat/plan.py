@@ -146,10 +146,10 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
         reuse_candidates.setdefault(int(n), []).append((int(v_in), int(v_out)))
     freed_next: dict[int, set[int]] = {}  # compute index -> values freed before the next compute
     last_compute = None
-    for i, ins in enumerate(instructions):
+    for i, ins in enumerate(instructions if reuse_candidates else ()):
         if ins.kind == COMPUTE:
             last_compute = i
-        elif ins.kind == FREE and last_compute is not None and reuse_candidates:
+        elif ins.kind == FREE and last_compute is not None:
             freed_next.setdefault(last_compute, set()).add(ins.target)
         else:
             last_compute = None
