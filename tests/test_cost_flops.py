@@ -16,7 +16,7 @@ from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from remat.cost import machine
-from remat.cost.flops import FlopsCostModel, node_bytes, node_flops
+from remat.cost.flops import FlopsCostModel, node_bytes, node_flops, node_random_draws
 from remat.cost.machine import Roofline, machine_roofline
 
 aten = torch.ops.aten
@@ -312,3 +312,19 @@ def test_random_ops_cost_at_least_their_drawing_rate():
     seconds = FlopsCostModel(slow_rng).node_seconds(node)
     assert seconds == pytest.approx((1 << 20) / 1e8 + slow_rng.op_overhead_seconds)
     assert FlopsCostModel(FIXED).node_seconds(node) < seconds  # the bytes alone say less
+
+
+def test_inductors_seeded_random_op_costs_its_drawing_rate():
+    """Inductor replaces a dropout's draw by ``prims.inductor_random(size, seed)``: a pure function of
+    the seed (not tagged random, so remat may recompute it), as slow as the draw it replaces."""
+    import torch._inductor.lowering  # noqa: F401  (registers Inductor's prims)
+
+    graph = torch.fx.Graph()
+    seed = graph.placeholder("seed")
+    seed.meta["val"] = torch.tensor(7)
+    draw = graph.call_function(torch.ops.prims.inductor_random.default, ([1 << 20], seed, "rand"))
+    draw.meta["val"] = torch.empty(1 << 20)
+    graph.output(draw)
+    slow_rng = Roofline(**{**vars(FIXED), "random_elements_per_second": 1e8})
+    assert node_random_draws(draw) == 1 << 20
+    assert FlopsCostModel(slow_rng).node_seconds(draw) == pytest.approx((1 << 20) / 1e8 + slow_rng.op_overhead_seconds)

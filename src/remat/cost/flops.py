@@ -51,7 +51,7 @@ from torch.utils._pytree import tree_flatten
 
 from .machine import Roofline, machine_roofline
 
-__all__ = ["node_flops", "node_bytes", "FlopsCostModel"]
+__all__ = ["node_flops", "node_bytes", "node_random_draws", "FlopsCostModel"]
 
 aten = torch.ops.aten
 
@@ -258,6 +258,19 @@ def node_bytes(node: torch.fx.Node) -> int:
     return total
 
 
+# Inductor's replacement of random ops (a pure function of a seed, so not tagged random, but as slow)
+SEEDED_RANDOM_OPS = ("prims.inductor_random.default", "prims.inductor_randint.default")
+
+
+def node_random_draws(node: torch.fx.Node) -> int:
+    """Random numbers a random op (``Tag.nondeterministic_seeded``, or Inductor's seeded
+    ``prims.inductor_random``) draws: one per output element."""
+    seeded = torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+    if not seeded and str(node.target) not in SEEDED_RANDOM_OPS:
+        return 0
+    return max((_as_int(t.numel()) for t in _tensors(_val(node))), default=0)
+
+
 class FlopsCostModel:
     """Roofline cost of ATen op nodes on one device.
 
@@ -277,9 +290,8 @@ class FlopsCostModel:
         if _costs_nothing(node):
             return 0.0
         seconds = self.roofline.seconds(node_flops(node), node_bytes(node))
-        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
-            # a random op draws one number per output element, at the measured rate
-            drawn = max((t.numel() for t in _tensors(_val(node))), default=0)
+        drawn = node_random_draws(node)
+        if drawn:  # one number per output element, at the measured rate
             seconds = max(seconds, drawn / self.roofline.random_elements_per_second + self.roofline.op_overhead_seconds)
         return seconds
 
