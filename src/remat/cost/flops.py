@@ -275,9 +275,10 @@ class FlopsCostModel:
     """Roofline cost of ATen op nodes on one device.
 
     ``node_seconds(node) = max(node_flops / F, node_bytes / B) + t_op`` for an op, 0 for a
-    node that costs nothing (see the module docstring); a random op (dropout) costs at least
-    ``elements / R + t_op``, ``R`` the measured rate of drawing random numbers. ``F``, ``B``, ``t_op`` come from
-    ``roofline``, by default the measured (and disk-cached) roofline of ``device``.
+    node that costs nothing (see the module docstring); a random op (dropout, or Inductor's seeded
+    draw that replaces it: :func:`node_random_draws`) costs at least ``elements / R + t_op``, ``R``
+    the measured rate of drawing random numbers. ``F``, ``B``, ``t_op`` come from ``roofline``, by
+    default the measured (and disk-cached) roofline of ``device``.
     """
 
     name = "flops"
