@@ -350,3 +350,19 @@ def test_every_test_model_measures_within_its_budget_with_inductors_gradients(na
     _step(planned, ex)
     _step(unplanned, _with_model(ex, reference))
     _assert_same_grads(ex.model, reference, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["gpt2", "resnet"])
+def test_compiled_plan_on_cuda_fits_its_budget_and_matches_inductors_gradients(name):
+    """On a GPU (Triton kernels): a plan at fraction 0.5 with calibration measures within its budget
+    and near its prediction, and its gradients are those of Inductor's own unplanned step."""
+    ex = zoo.build(name, size="tiny", device="cuda")
+    reference = copy.deepcopy(ex.model)
+    planned = remat.compile(ex.model, *ex.args, budget=0.5, options={"fallback_random": True},
+                            example_kwargs=ex.kwargs)
+    _assert_within_budget_and_near_prediction(planned, ex)
+    unplanned = torch.compile(reference, dynamic=False, options={"fallback_random": True})
+    _step(planned, ex)
+    _step(unplanned, _with_model(ex, reference))
+    _assert_same_grads(ex.model, reference, rtol=1e-4, atol=1e-5)

@@ -343,10 +343,16 @@ def test_pinned_store_round_trip_on_a_side_stream():
 
 @cuda
 def test_pinned_offload_gradients_bitwise_on_cuda():
-    ex = fresh("gpt2")
-    ex.model.cuda()
-    ex.args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in ex.args)
+    from remat import zoo
+    from remat.measure import peak_memory_growth
+
+    ex = zoo.build("gpt2", size="tiny", device="cuda")  # its inputs are keyword arguments
     ref = run_step(ex, optimized(ex, solver="store_all", cost_model="unit", cache=False))
     module = optimized(ex, solver="test_offload_swaps", cost_model="unit", cache=False)
     assert module.plan.graph.meta["transfer"]["store"] == "pinned"
+    assert module.plan.offloaded_values
     assert_bitwise(run_step(ex, module), ref)
+    for p in module.parameters():
+        p.grad = None
+    peak, _ = peak_memory_growth(lambda: ex.loss(module(*ex.args, **ex.kwargs)).backward(), "cuda")
+    assert abs(peak - module.plan.peak_bytes) <= max(0.05 * module.plan.peak_bytes, 2**21)
