@@ -57,7 +57,9 @@ def boxed(gm: fx.GraphModule) -> fx.GraphModule:
 # The handle h is a 0-d int64 CPU tensor holding the entry's key in its store. A tensor, because
 # AOTAutograd hands the backward what the forward saved as tensors (``save_for_backward``) in the
 # boxed calling convention; a value offloaded when the forward ends is saved as its handle, and
-# the backward reloads it. Entries are cleaned up when the handle tensor dies: after the reload
+# the backward reloads it. Its 8 bytes live in numpy's memory, not torch's allocator: they are the
+# store's bookkeeping, like its entries, not step memory (made by ``torch.tensor``, one handle per
+# value out counted on the CPU: a hybrid plan measured 72 bytes over its budget). Entries are cleaned up when the handle tensor dies: after the reload
 # (the backward drops it), or when autograd frees the forward's saved tensors because the step was
 # abandoned (an exception after the forward, a graph dropped without backward). The store's
 # private folder (one per lowered graph, made with tempfile.mkdtemp) exists only while it holds
@@ -76,6 +78,8 @@ import threading
 import weakref
 import zlib
 from dataclasses import dataclass
+
+import numpy
 
 from .errors import OffloadError
 
@@ -170,7 +174,7 @@ class OffloadStore:
                 entry.done = torch.cuda.Event()
                 entry.done.record(stream)
             t.record_stream(stream)  # not reused before the copy has read it
-        handle = torch.tensor(key, dtype=torch.int64)
+        handle = torch.from_numpy(numpy.array(key, dtype=numpy.int64))  # outside torch's allocator: see above
         weakref.finalize(handle, self._discard, key)
         return handle
 
