@@ -137,3 +137,30 @@ def test_inplace_reuse_is_listed_for_reads_at_the_written_index_only():
     for n, v, o in reuses:
         assert v in graph.nodes[n].inputs and o in graph.nodes[n].outputs
         assert graph.values[v].bytes == graph.values[o].bytes
+
+
+class ScaledSoftmax(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 16))
+
+    def forward(self, x):
+        return (torch.softmax(x @ self.w * 0.5, dim=-1) * x).sum()
+
+
+def test_softmax_in_place_claim_names_the_row_reductions_that_conflict_with_it():
+    """``exp(s - max)`` may be written into the scores' storage and the probabilities into the
+    exponentials', but the row max reads the scores and the row sum the exponentials at other
+    indices: each claim lists its reduction as a conflict (the simulator drops the claim where
+    Inductor fuses them into one kernel), and all of them are Inductor's kernels."""
+    capture = _capture(ScaledSoftmax(), torch.randn(16, 16))
+    graph = fuse(capture).graph
+    conflicts = graph.meta["inplace_conflicts"]
+    kernels = set(graph.meta["inductor_kernels"])
+    claims = {(n, v) for n, v, _ in graph.meta["inplace_reuse"]}
+    forward = [(n, v, readers) for n, v, readers in conflicts if graph.nodes[n].phase == "forward"]
+    ops = set()
+    for n, v, readers in forward:
+        assert (n, v) in claims and n in kernels and all(r in kernels for r in readers)
+        ops |= {graph.nodes[r].op for r in readers}
+    assert ops == {"aten.amax.default", "aten.sum.dim_IntList"}, forward

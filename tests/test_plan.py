@@ -145,6 +145,38 @@ def test_an_output_written_into_a_dying_input_adds_nothing():
     assert reused.simulation.timeline[-1] == unfused.simulation.timeline[-1]
 
 
+def _softmax_like(extern_between: bool):
+    """x -> s; a row reduction r reads s, then the normaliser n reads s and r and may take s's storage
+    (``inplace_reuse``), except where Inductor fuses r and n into one kernel (``inplace_conflicts``).
+    With ``extern_between``, an extern kernel (not in ``inductor_kernels``) runs between r and n."""
+    b = GraphBuilder("softmax")
+    x = b.input("x", 1000)
+    t = b.tangent("t", 1)
+    (s,) = b.op("scores", [x], [100], cost=1.0)
+    (r,) = b.op("rowmax", [s], [10], cost=1.0)
+    (e,) = b.op("extern", [x], [1], cost=1.0)
+    (p,) = b.op("normalise", [s, r, e], [100], cost=1.0)
+    (loss,) = b.op("loss", [p], [1], cost=1.0)
+    (g,) = b.op("grad", [t, x], [10], phase=BACKWARD, cost=1.0)
+    meta = {"inplace_reuse": [[3, s, p]], "inplace_conflicts": [[3, s, [1]]], "inductor_kernels": [0, 1, 3, 4, 5]}
+    graph = b.build(forward_outputs=[loss], backward_outputs=[g], meta=meta)
+    rowmax, extern = Instruction(COMPUTE, 1), Instruction(COMPUTE, 2)
+    order = [extern, Instruction(COMPUTE, 0), rowmax] if not extern_between else [Instruction(COMPUTE, 0), rowmax, extern]
+    instructions = [*order, Instruction(COMPUTE, 3), Instruction(FREE, s), Instruction(FREE, r), Instruction(FREE, e),
+                    Instruction(COMPUTE, 4), Instruction(FREE, p), Instruction(COMPUTE, 5)]
+    return graph, instructions
+
+
+def test_no_reuse_where_a_reader_at_another_index_is_fused_into_the_same_kernel():
+    # rowmax runs right before the normaliser: one Inductor kernel, which reads s at two indices, so
+    # the probabilities get their own buffer: s (100) + r (10) + e (1) + p (100)
+    graph, instructions = _softmax_like(extern_between=False)
+    assert simulate(graph, instructions, boundary=len(instructions) - 1).peak_bytes == 211
+    # an extern kernel between them: two kernels, and p is written into s's storage
+    graph, instructions = _softmax_like(extern_between=True)
+    assert simulate(graph, instructions, boundary=len(instructions) - 1).peak_bytes == 111
+
+
 def test_no_reuse_of_an_input_that_lives_on():
     graph, a, bb = _pointwise_chain(reuse=True)
     # a kept until the loss has run (not freed right after b): b cannot take its storage

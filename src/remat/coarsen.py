@@ -169,7 +169,8 @@ def graph_of_groups(graph: Graph, groups: list[list[int]], *, name: str,
     meta = dict(graph.meta)
     # a coarse node is judged without in-place reuse inside it (only ever an overestimate); the
     # plan expanded back onto ``graph`` is simulated with it
-    meta.pop("inplace_reuse", None)
+    for key in ("inplace_reuse", "inplace_conflicts", "inductor_kernels"):
+        meta.pop(key, None)
     if "rng_state_bytes" in meta:
         meta["rng_state_bytes"] = int(meta["rng_state_bytes"]) * rng_ops
     if "no_backward_recompute" in meta:

@@ -37,6 +37,8 @@ Inductor also writes a kernel's output into the storage of an input that dies th
 (``config.inplace_buffers``; the backward's saved inputs too, which AOTAutograd donates). The fused
 graph lists where that can happen (``meta["inplace_reuse"]``, :func:`inplace_reuses`) and the
 simulator counts it where the plan lets the input die: on GPT-2 it is worth about 4% of the peak.
+Where a reduction reading the same input runs in the same kernel, Inductor refuses it
+(:func:`inplace_conflicts`).
 
 What Inductor's scheduler does beyond this model, seen in its generated code (``del`` and
 ``# reuse`` lines of the wrapper):
@@ -315,18 +317,65 @@ def inplace_reuses(capture: Capture, groups: list[list[int]]) -> list[tuple[int,
     return found
 
 
+def inplace_conflicts(capture: Capture, groups: list[list[int]],
+                      reuses: list[tuple[int, int, int]]) -> list[tuple[int, int, list[int]]]:
+    """``(group, input value, [other groups])`` for each in-place candidate of :func:`inplace_reuses`
+    whose input is also read by groups that do not read it at the output's index (their consumer is
+    not pointwise: a reduction, say).
+
+    Inductor refuses the in-place write when such a reader ends up in the *same* kernel as the writer
+    (``single_index_in_fused_node``: the fused kernel must touch the buffer at one index only; remat
+    takes a reduction's access to be another index). A softmax is the case: the row max reads the
+    scores that ``exp(s - max)`` may overwrite, the row sum reads the exponentials that the
+    probabilities may overwrite, and Inductor fuses all four into one kernel when they are neighbours
+    in the plan. Whether they are depends on the plan, so :func:`remat.plan.simulate` decides. On the
+    GPT-2 of ``benchmarks/inductor.py`` at ``budget="min"`` the prediction went from 41.0 to 42.1 MiB
+    against 43.1 measured; its other budgets, and ResNet-18's, predict the same as without it."""
+    graph = capture.graph
+    reader_groups: dict[int, set[int]] = {}
+    for g, members in enumerate(groups):
+        member_set = set(members)
+        consumer = members[-1]
+        if _is_pointwise(capture.op_node[consumer]):
+            continue
+        for m in members:
+            for v in graph.nodes[m].inputs:
+                if graph.values[v].producer not in member_set:
+                    reader_groups.setdefault(v, set()).add(g)
+    out = []
+    for g, v, _ in reuses:
+        others = sorted(reader_groups.get(v, set()) - {g})
+        if others:
+            out.append((g, v, others))
+    return out
+
+
+def inductor_kernels(capture: Capture, groups: list[list[int]]) -> list[int]:
+    """The groups whose consumer Inductor generates code for (:func:`_generated_by_inductor`): only
+    these fuse with their neighbours; an extern kernel (``mm``, a convolution) ends a fused run."""
+    return [g for g, members in enumerate(groups) if _generated_by_inductor(capture.op_node[members[-1]])]
+
+
 def fuse(capture: Capture) -> Fused:
     """The fused graph of ``capture`` (see the module docstring), with ``meta["inplace_reuse"]``:
-    ``[node, input value, output value]`` triples of :func:`inplace_reuses` in the fused graph's ids."""
+    ``[node, input value, output value]`` triples of :func:`inplace_reuses` in the fused graph's ids;
+    ``meta["inplace_conflicts"]`` (:func:`inplace_conflicts`) and ``meta["inductor_kernels"]``
+    (:func:`inductor_kernels`) let the simulator tell where Inductor refuses them."""
     groups = fusion_groups(capture)
     graph = graph_of_groups(capture.graph, groups, name=f"{capture.graph.name} (fused)",
                             workspace_of=_workspace_of(capture))
     fused_id = {value.name: value.id for value in graph.values}
     names = capture.graph.values
-    reuses = [[g, fused_id[names[v].name], fused_id[names[o].name]] for g, v, o in inplace_reuses(capture, groups)]
-    if reuses:
-        graph = dataclasses.replace(graph, meta={**graph.meta, "inplace_reuse": reuses})
+    found = inplace_reuses(capture, groups)
+    if found:
+        meta = dict(graph.meta)
+        meta["inplace_reuse"] = [[g, fused_id[names[v].name], fused_id[names[o].name]] for g, v, o in found]
+        conflicts = inplace_conflicts(capture, groups, found)
+        if conflicts:
+            meta["inplace_conflicts"] = [[g, fused_id[names[v].name], others] for g, v, others in conflicts]
+            meta["inductor_kernels"] = inductor_kernels(capture, groups)
+        graph = dataclasses.replace(graph, meta=meta)
     return Fused(graph, groups, capture.graph, frozenset(deferred_addmm_adds(capture)))
 
 
-__all__ = ["Fused", "fuse", "fusion_groups", "inplace_reuses", "addmm_pairs", "addmm_candidates", "deferred_addmm_adds", "MAX_INLINED_READS"]
+__all__ = ["Fused", "fuse", "fusion_groups", "inplace_reuses", "inplace_conflicts", "inductor_kernels", "addmm_pairs", "addmm_candidates", "deferred_addmm_adds", "MAX_INLINED_READS"]

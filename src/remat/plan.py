@@ -29,7 +29,10 @@ Memory model of :func:`simulate` (bytes counted against the budget):
 * on a graph that says so (``graph.meta['inplace_reuse']``, ``[node, input, output]`` triples: the
   fused graph of :mod:`remat.fusion`, whose kernels Inductor writes), an output takes the storage
   of an input of the same size that the plan frees right after that node (the node is the input's
-  last reader): that output adds no bytes, and the input's ``free`` releases none;
+  last reader): that output adds no bytes, and the input's ``free`` releases none -- unless a
+  reader of the input at another index (``meta['inplace_conflicts']``, a row reduction) runs in
+  the same Inductor kernel, i.e. right before it with only generated kernels between
+  (``meta['inductor_kernels']``), where Inductor refuses the in-place write;
 * a random node that is computed more than once keeps a generator state
   (``graph.meta['rng_state_bytes']``) from its first run until its last replay;
 * offloaded bytes leave the budget only when their copy has finished; the offload tier
@@ -144,6 +147,28 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
     reuse_candidates: dict[int, list[tuple[int, int]]] = {}  # node -> (input, output) pairs
     for n, v_in, v_out in graph.meta.get("inplace_reuse", ()):
         reuse_candidates.setdefault(int(n), []).append((int(v_in), int(v_out)))
+    conflicts = {(int(n), int(v)): {int(r) for r in readers}
+                 for n, v, readers in graph.meta.get("inplace_conflicts", ())}
+    generated = {int(n) for n in graph.meta.get("inductor_kernels", ())}
+
+    def fused_with_a_conflicting_reader(i: int, node_id: int, v_in: int) -> bool:
+        """Whether a reader of ``v_in`` at another index runs in the same Inductor kernel as compute
+        ``i``: the computes right before ``i`` (frees are not kernels) are all generated kernels back
+        to that reader, and on the same side of the boundary (fusion follows the plan's order,
+        neighbours only: :class:`remat.inductor.PlanOrderChoices`)."""
+        readers = conflicts.get((node_id, v_in))
+        if not readers:
+            return False
+        for j in range(i - 1, -1, -1):
+            earlier = instructions[j]
+            if earlier.kind == FREE:
+                continue
+            if earlier.kind != COMPUTE or earlier.target not in generated or (j < boundary) != (i < boundary):
+                return False
+            if earlier.target in readers:
+                return True
+        return False
+
     freed_next: dict[int, set[int]] = {}  # compute index -> values freed before the next compute
     last_compute = None
     for i, ins in enumerate(instructions if reuse_candidates else ()):
@@ -267,7 +292,8 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
             reused, taken = 0, set()
             for v_in, v_out in reuse_candidates.get(node.id, ()):  # outputs written into dying inputs
                 if (v_out not in taken and v_in in freed_next.get(i, ()) and v_in in resident
-                        and v_in not in absorbed and v_in not in pinned and values[v_in].kind == ACTIVATION):
+                        and v_in not in absorbed and v_in not in pinned and values[v_in].kind == ACTIVATION
+                        and not fused_with_a_conflicting_reader(i, node.id, v_in)):
                     taken.add(v_out)
                     absorbed.add(v_in)
                     reused += values[v_in].bytes
