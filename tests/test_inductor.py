@@ -12,7 +12,7 @@ import torch
 import remat
 from remat import zoo
 from remat.capture import capture_joint
-from remat.errors import InfeasibleBudgetError, SolverError
+from remat.errors import InfeasibleBudgetError
 from remat.fusion import fuse
 from remat.inductor import INDUCTOR_CONSTRAINTS, inductor_options, measured_step_peak, partitioner
 from remat.plan import COMPUTE
@@ -227,11 +227,6 @@ def test_an_infeasible_budget_names_the_minimum():
     assert info.value.min_budget_bytes > 1
 
 
-def test_offloading_solvers_are_refused_with_advice():
-    with pytest.raises(SolverError, match="compiler='eager'"):
-        partitioner(budget=0.5, solver="hybrid")
-
-
 def test_a_tied_embeddings_late_gradient_add_keeps_its_product_where_the_plan_puts_it(monkeypatch):
     """tied (tiny): the embedding's gradient is ``embedding_backward + mm(logits_grad^T, hidden)``,
     added at the end of the backward. Inductor would run the product there as one ``addmm``, keeping
@@ -366,3 +361,24 @@ def test_compiled_plan_on_cuda_fits_its_budget_and_matches_inductors_gradients(n
     _step(planned, ex)
     _step(unplanned, _with_model(ex, reference))
     _assert_same_grads(ex.model, reference, rtol=1e-4, atol=1e-5)
+
+
+def test_offloading_plan_compiles_with_inductor():
+    """``solver="hybrid"`` under Inductor: offloads and reloads run as the operators remat::offload
+    and remat::reload (synchronous copies, planned so), the measured peak is within the budget and
+    near the prediction, the gradients are Inductor's own unplanned step's, and no file is left."""
+    from remat import runtime
+
+    ex = zoo.build("mlp", size="small")
+    reference = copy.deepcopy(ex.model)
+    planned = remat.compile(ex.model, *ex.args, budget="min", solver="hybrid", example_kwargs=ex.kwargs,
+                            calibrate=False)
+    plan = planned.plan
+    assert plan.offloaded_values and plan.graph.meta["transfer"]["overlap"] is False
+    _assert_within_budget_and_near_prediction(planned, ex)
+    unplanned = torch.compile(reference, dynamic=False)
+    _step(planned, ex)
+    _step(unplanned, _with_model(ex, reference))
+    _assert_same_grads(ex.model, reference)
+    stores = list(runtime._COMPILED_STORES.values())
+    assert stores and all(not s.entries and s.folder is None for s in stores)

@@ -1,4 +1,4 @@
-"""Random-op replay as registered PyTorch operators, for graphs a compiler (Inductor) compiles.
+"""Random-op replay and offloading as registered PyTorch operators, for graphs a compiler (Inductor) compiles.
 
 The eager lowering calls plain Python functions (:func:`remat.runtime.rng_state`,
 :func:`remat.runtime.replay_random`); Inductor compiles only registered operators, so a plan
@@ -130,4 +130,36 @@ def _random_replay_fake(state, device, call, tensors):
     return _outputs(op(*args, **kwargs))
 
 
-__all__ = ["encode_call", "decode_call", "random_run", "random_replay"]
+# ---------------------------------------------------------------------------------------------
+# Offloading: the store's calls as operators. ``store_id`` names the store of one lowered graph
+# (:func:`remat.runtime.compiled_store`, made on first use), ``kind`` its kind; the reload waits
+# for its copy before it returns, so a compiled graph's copies are synchronous (the plan is made
+# with ``overlap=False``).
+
+
+@torch.library.custom_op("remat::offload", mutates_args=())
+def offload(store_id: int, kind: str, tensor: torch.Tensor) -> torch.Tensor:
+    from .runtime import compiled_store
+
+    return compiled_store(store_id, kind).offload(tensor)
+
+
+@offload.register_fake
+def _offload_fake(store_id, kind, tensor):
+    return torch.empty((), dtype=torch.int64)
+
+
+@torch.library.custom_op("remat::reload", mutates_args=())
+def reload(store_id: int, kind: str, handle: torch.Tensor, size: list[int], stride: list[int],
+           dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    from .runtime import compiled_store, reload_now
+
+    return reload_now(compiled_store(store_id, kind), handle)
+
+
+@reload.register_fake
+def _reload_fake(store_id, kind, handle, size, stride, dtype, device):
+    return torch.empty_strided(size, stride, dtype=dtype, device=device)
+
+
+__all__ = ["encode_call", "decode_call", "random_run", "random_replay", "offload", "reload"]

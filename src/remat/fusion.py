@@ -9,7 +9,7 @@ remat plans the compiled step on a *fused graph* that says the same:
   tensor factory / dtype conversion / index computation Inductor lowers the same way), its one
   output is not a forward or backward output, and exactly one node reads it -- a pointwise op, a
   reduction or a loop body that loads its inputs (max pooling's backward, ``scatter_add``) of the
-  same phase (an extern kernel such as ``mm`` or a convolution needs its inputs in memory, and so
+  same phase, and not a random op (the lowering runs those as opaque operators) (an extern kernel such as ``mm`` or a convolution needs its inputs in memory, and so
   does a composite op Inductor decomposes);
 * chains inline transitively; a chain stops growing once it reads more than
   ``MAX_INLINED_READS`` distinct values (Inductor realises such a loop body,
@@ -70,7 +70,7 @@ import torch.fx as fx
 from .capture import Capture
 from .coarsen import graph_of_groups
 from .graph import ACTIVATION, Graph
-from .plan import Plan
+from .plan import COMPUTE, FREE, OFFLOAD, RELOAD, Instruction, Plan
 
 MAX_INLINED_READS = 8  # Inductor's realize_acc_reads_threshold default
 
@@ -115,16 +115,41 @@ class Fused:
     deferred_adds: frozenset = frozenset()  # op ids the lowering must keep apart from their mm
 
     def expand(self, fused_plan: Plan, **plan_kwargs) -> Plan:
-        """The op-level plan that runs each fused node's ops where ``fused_plan`` runs the node."""
-        forward, backward = fused_plan.schedule()
+        """The op-level plan that runs each fused node's ops where ``fused_plan`` runs the node.
+
+        Without offloads: the ops in that order, each value freed after its last use. With offloads,
+        instruction by instruction: a fused node's ops, then its inlined values freed; a fused
+        value's free, offload or reload on the same value of the op-level graph."""
         info = dict(fused_plan.info)
         info["fused"] = f"{len(self.graph.nodes)} kernels-level nodes from {len(self.original.nodes)} ops"
+        if any(ins.kind in (OFFLOAD, RELOAD) for ins in fused_plan.instructions):
+            instructions, boundary = self._expand_instructions(fused_plan)
+            return Plan(self.original, instructions, boundary, info=info, **plan_kwargs)
+        forward, backward = fused_plan.schedule()
         return Plan.from_schedule(
             self.original,
             [op for f in forward for op in self.members[f]],
             [op for f in backward for op in self.members[f]],
             info=info, **plan_kwargs,
         )
+
+    def _expand_instructions(self, fused_plan: Plan) -> tuple[tuple[Instruction, ...], int]:
+        original_id = {value.name: value.id for value in self.original.values}
+        to_original = [original_id[value.name] for value in self.graph.values]
+        out: list[Instruction] = []
+        boundary = None
+        for i, ins in enumerate(fused_plan.instructions):
+            if i == fused_plan.boundary:
+                boundary = len(out)
+            if ins.kind == COMPUTE:
+                members = self.members[ins.target]
+                out.extend(Instruction(COMPUTE, op) for op in members)
+                kept = set(to_original[v] for v in self.graph.nodes[ins.target].outputs)
+                out.extend(Instruction(FREE, v) for op in members for v in self.original.nodes[op].outputs
+                           if v not in kept)  # inlined: read inside the group only, or never read
+            else:
+                out.append(Instruction(ins.kind, to_original[ins.target]))
+        return tuple(out), len(out) if boundary is None else boundary
 
 
 def _generated_by_inductor(node: fx.Node) -> bool:
@@ -244,7 +269,8 @@ def fusion_groups(capture: Capture) -> list[list[int]]:
             continue
         reader = nodes[readers[0]]
         reader_fx = capture.op_node[reader.id]
-        if reader.phase != node.phase or reader.id in addmm_adds or not _inlines_its_inputs(reader_fx):
+        if (reader.phase != node.phase or reader.id in addmm_adds or reader.random
+                or not _inlines_its_inputs(reader_fx)):
             continue
         if len(body_reads) > MAX_INLINED_READS:
             continue

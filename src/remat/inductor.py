@@ -45,7 +45,13 @@ plan's order), so with example
 inputs :func:`compile` runs the compiled step once, measures its peak (the same measurement as
 :mod:`remat.measure`), and while it is above the budget plans again with the budget lowered by
 the excess (at most ``CALIBRATION_ROUNDS`` times); ``plan.info["measured_peak"]`` and
-``plan.info["calibration"]`` record it. Offloading plans (``hybrid``) are eager-only for now.
+``plan.info["calibration"]`` record it.
+
+**Offloading** (``solver="hybrid"`` or ``"checkmate_swap"``): the lowering writes the store's calls as
+the operators ``remat::offload`` and ``remat::reload`` (:mod:`remat.compiled_ops`), which Inductor
+calls as extern kernels in the plan's order; a reload returns once its copy has landed, so the plan
+is made with synchronous copies (:func:`compiled_transfer_meta`). ``auto`` does not offload under
+Inductor yet: only these solvers get the offload tier's costs.
 """
 
 from __future__ import annotations
@@ -65,7 +71,7 @@ from . import compiled_ops  # noqa: F401  (registers remat's operators before an
 from .backend import BackendOptions, _device_of
 from .cache import code_fingerprint, plan_with_cache
 from .capture import capture_joint
-from .cost import INDUCTOR_COST_MODEL, make_cost_fn, make_workspace_fn
+from .cost import INDUCTOR_COST_MODEL, make_cost_fn, make_transfer_meta, make_workspace_fn
 from .errors import InfeasibleBudgetError, SolverError
 from .fusion import fuse
 from .lower import lower
@@ -82,7 +88,9 @@ INDUCTOR_CONSTRAINTS = {
 CALIBRATION_ROUNDS = 3
 SLACK_ROUNDS = 4  # plans made at raised budgets to use the bytes Inductor reuses in place
 SLACK_MIN_FRACTION = 0.005  # ... while at least this fraction of the budget is left over
-OFFLOADING_SOLVERS = ("hybrid",)
+# Solvers that offload: under Inductor only these get the offload tier's costs, so ``auto`` plans
+# recomputation alone there (its offloading choice is not yet measured against Inductor's kernels).
+OFFLOADING_SOLVERS = ("hybrid", "checkmate_swap")
 
 
 def plan_into_reused_bytes(plan, budget_bytes: int, make, rounds: int = SLACK_ROUNDS):
@@ -118,6 +126,13 @@ def plan_into_reused_bytes(plan, budget_bytes: int, make, rounds: int = SLACK_RO
     return plan
 
 
+def compiled_transfer_meta(device) -> dict:
+    """The offload tier's measured costs (``graph.meta["transfer"]``) for a graph Inductor compiles:
+    its copies are synchronous (``remat::reload`` returns once the copy has landed; see
+    :mod:`remat.compiled_ops`), so they never overlap compute."""
+    return {**make_transfer_meta(device), "overlap": False}
+
+
 class RematPartitioner(CustomPartitionerFn):
     """Inductor's partitioner replaced by remat's capture, fusion model, planner and lowering.
 
@@ -125,12 +140,6 @@ class RematPartitioner(CustomPartitionerFn):
     raises it when a measured step comes out above the budget."""
 
     def __init__(self, options: BackendOptions, margin_bytes: int = 0):
-        if options.solver in OFFLOADING_SOLVERS:
-            raise SolverError(
-                f"solver {options.solver!r} offloads values to host memory, which remat does not support under "
-                "Inductor yet: use a recomputation solver (auto, checkmate, hierarchical, rotor, ...) with Inductor, "
-                "or remat.optimize(..., compiler='eager') to offload"
-            )
         self.options = options
         self.margin_bytes = int(margin_bytes)
         self.last_plan = None
@@ -144,6 +153,7 @@ class RematPartitioner(CustomPartitionerFn):
             gm, num_fwd_outputs,
             cost_fn=make_cost_fn(opts.cost_model, device),
             workspace_fn=make_workspace_fn(opts.workspace),
+            transfer=compiled_transfer_meta(device) if opts.solver in OFFLOADING_SOLVERS else None,
         )
         fused = fuse(capture)
         budget = opts.budget

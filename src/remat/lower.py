@@ -23,12 +23,15 @@ joint graph's FX nodes.
   and the first op that reads the reloaded tensor is preceded by ``runtime.wait(store_id, h, t)``
   (the copy has landed; a no-op for the file store). A value offloaded when the forward ends is
   saved as its handle ``h`` (a 0-d int64 tensor), which the backward reloads. The store (one per
-  lowered plan, :class:`remat.runtime.OffloadStore`) is held by both GraphModules.
+  lowered plan, :class:`remat.runtime.OffloadStore`) is held by both GraphModules. For a compiler
+  (``compiled``) the two calls are the operators ``remat::offload`` and ``remat::reload``
+  (:mod:`remat.compiled_ops`), and the reload waits for its copy itself.
 """
 
 from __future__ import annotations
 
 import operator
+import secrets
 
 import torch
 import torch.fx as fx
@@ -49,19 +52,17 @@ class _Lowering:
             raise InvalidPlanError("the plan was made for a different graph (structural hashes differ)")
         self.cap = capture
         self.plan = plan
-        self.compiled = compiled  # for a compiler: random ops through registered operators
-        if compiled and any(ins.kind in (OFFLOAD, RELOAD) for ins in plan.instructions):
-            raise InvalidPlanError(
-                "a plan that offloads values cannot be compiled by Inductor yet: plan with a recomputation "
-                "solver (not 'hybrid'), or use remat.optimize's default (eager) lowering for offloading plans"
-            )
+        self.compiled = compiled  # for a compiler: random ops and offloads through registered operators
         self.keep_apart = frozenset(keep_apart)  # adds whose mm Inductor must not move to them
         self.fwd = fx.Graph()
         self.bwd = fx.Graph()
         self.computed: set[int] = set()  # nodes run at least once so far
         self.store = None
         if any(ins.kind in (OFFLOAD, RELOAD) for ins in plan.instructions):
-            self.store = OffloadStore(offload_store_kind(plan.graph))
+            if compiled:  # the graph names its store by a number: see remat.runtime.compiled_store
+                self.store_id, self.store_kind = secrets.randbits(62), offload_store_kind(plan.graph)
+            else:
+                self.store = OffloadStore(offload_store_kind(plan.graph))
         self.fake_mode = None
         for n in capture.joint.graph.nodes:
             val = n.meta.get("val")
@@ -252,7 +253,12 @@ class _Lowering:
 
     def _offload(self, vid: int):
         tensor = self._resolve(self.cap.value_node[vid])
-        handle = self.graph.call_function(runtime.offload, (self.store.id, tensor))
+        if self.compiled:
+            from .compiled_ops import offload  # registers the operators
+
+            handle = self.graph.call_function(offload._opoverload, (self.store_id, self.store_kind, tensor))
+        else:
+            handle = self.graph.call_function(runtime.offload, (self.store.id, tensor))
         handle.meta["val"] = self._fake_handle()
         self.handles[vid] = handle
         self.current.pop(vid, None)
@@ -262,10 +268,17 @@ class _Lowering:
         handle = self.handles.pop(vid, None)
         if handle is None:  # offloaded when the forward ended: the forward saved its handle
             handle = self._demand_saved(("handle", vid))
-        tensor = self.graph.call_function(runtime.reload, (self.store.id, handle))
+        if self.compiled:  # one operator that returns once the copy has landed
+            from .compiled_ops import reload
+
+            val = self.cap.value_node[vid].meta["val"]
+            tensor = self.graph.call_function(reload._opoverload, (
+                self.store_id, self.store_kind, handle, list(val.shape), list(val.stride()), val.dtype, val.device))
+        else:
+            tensor = self.graph.call_function(runtime.reload, (self.store.id, handle))
+            self.unwaited[vid] = handle
         tensor.meta.update(self.cap.value_node[vid].meta)
         self.current[vid] = tensor
-        self.unwaited[vid] = handle
 
     def _run(self, instructions, offset: int = 0):
         for i, ins in enumerate(instructions, offset):

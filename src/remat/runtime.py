@@ -279,6 +279,26 @@ def reload(store_id: int, handle: torch.Tensor) -> torch.Tensor:
     return _store(store_id).reload(handle)
 
 
+_COMPILED_STORES: dict[int, "OffloadStore"] = {}
+
+
+def compiled_store(store_id: int, kind: str) -> "OffloadStore":
+    """The store a compiled graph names by ``store_id`` (a random 62-bit number chosen when the graph
+    was lowered), made on first use and kept for the process: compiled code holds no object, and
+    Inductor's caches may serve the graph to another process, so the id is all it carries. A store
+    empty between steps holds no folder."""
+    store = _COMPILED_STORES.get(store_id)
+    if store is None:
+        store = _COMPILED_STORES[store_id] = OffloadStore(kind)
+    return store
+
+
+def reload_now(store: "OffloadStore", handle: torch.Tensor) -> torch.Tensor:
+    """``store.reload``, then ``store.wait``: the tensor, its copy landed (compiled graphs, where
+    the reload is one operator)."""
+    return store.wait(handle, store.reload(handle))
+
+
 def wait(store_id: int, handle: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` once its reload copy has landed (a no-op for the file store)."""
     return _store(store_id).wait(handle, tensor)
