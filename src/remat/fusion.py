@@ -9,8 +9,9 @@ remat plans the compiled step on a *fused graph* that says the same:
   tensor factory / dtype conversion / index computation Inductor lowers the same way), its one
   output is not a forward or backward output, and exactly one node reads it -- a pointwise op, a
   reduction or a loop body that loads its inputs (max pooling's backward, ``scatter_add``) of the
-  same phase, and not a random op (the lowering runs those as opaque operators) (an extern kernel such as ``mm`` or a convolution needs its inputs in memory, and so
-  does a composite op Inductor decomposes);
+  same phase (an extern kernel such as ``mm`` or a convolution needs its inputs in memory, and so
+  do a composite op Inductor decomposes and a random op, which the lowering runs as an opaque
+  operator);
 * chains inline transitively; a chain stops growing once it reads more than
   ``MAX_INLINED_READS`` distinct values (Inductor realises such a loop body,
   ``config.realize_acc_reads_threshold``);

@@ -59,9 +59,10 @@ def boxed(gm: fx.GraphModule) -> fx.GraphModule:
 # boxed calling convention; a value offloaded when the forward ends is saved as its handle, and
 # the backward reloads it. Its 8 bytes live in numpy's memory, not torch's allocator: they are the
 # store's bookkeeping, like its entries, not step memory (made by ``torch.tensor``, one handle per
-# value out counted on the CPU: a hybrid plan measured 72 bytes over its budget). Entries are cleaned up when the handle tensor dies: after the reload
-# (the backward drops it), or when autograd frees the forward's saved tensors because the step was
-# abandoned (an exception after the forward, a graph dropped without backward). The store's
+# value out counted on the CPU: a hybrid plan measured 72 bytes over its budget). Entries are
+# cleaned up when the handle tensor dies: after the reload (the backward drops it), or when
+# autograd frees the forward's saved tensors because the step was abandoned (an exception after
+# the forward, a graph dropped without backward). The store's
 # private folder (one per lowered graph, made with tempfile.mkdtemp) exists only while it holds
 # entries: it is made by the first offload and removed with the last entry, so nothing is left on
 # disk between steps, whoever keeps the compiled graphs alive (Dynamo's caches do); it is also
