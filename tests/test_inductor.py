@@ -382,3 +382,29 @@ def test_offloading_plan_compiles_with_inductor():
     _assert_same_grads(ex.model, reference)
     stores = list(runtime._COMPILED_STORES.values())
     assert stores and all(not s.entries and s.folder is None for s in stores)
+
+
+def test_replayed_random_ops_do_not_keep_their_inputs_alive():
+    """decode_call (every remat::random_run / random_replay) leaves no reference cycle holding the
+    op's input tensors: they are freed as soon as the compiled graph drops them, not when Python's
+    cycle collector runs (which kept a 2-layer GPT-2's dropout inputs alive past the backward under
+    ``fallback_random``: 27.7 MB measured for a 12.1 MB plan)."""
+    import gc
+    import weakref
+
+    from remat.compiled_ops import decode_call, encode_call
+
+    op = torch.ops.aten.native_dropout.default
+    call, _ = encode_call(op, (torch.empty(64, 64), 0.1, True), {})
+    x = torch.randn(64, 64)
+    alive = weakref.ref(x)
+    gc.disable()
+    try:
+        tensors = [x]
+        del x
+        decoded = decode_call(call, tensors)
+        result = decoded[0](*decoded[1], **decoded[2])
+        del decoded, tensors, result
+        assert alive() is None
+    finally:
+        gc.enable()
