@@ -2,7 +2,8 @@
 PyTorch and per-block ``torch.utils.checkpoint``, at matched measured peaks, in one run.
 
 Run: ``.venv/bin/python benchmarks/inductor.py [--quick] [--rounds R] [--device cpu|cuda]``
-(writes ``benchmarks/inductor.md``; ``--quick`` is a smoke test on tiny models that writes nothing).
+(writes ``benchmarks/inductor.md``, or ``benchmarks/inductor_cuda.md`` with ``--device cuda``; ``--out``
+names another file; ``--quick`` is a smoke test on tiny models that writes nothing).
 
 Models: the 8-layer GPT-2 of ``benchmarks/hierarchical.py`` (its ``SMALL`` config: d_model 256,
 4 heads, sequence 256, batch 4, vocab 2000, dropout 0.1) and, as the CNN (``hierarchical.py`` has
@@ -568,11 +569,15 @@ def main() -> None:
     ap.add_argument("--fractions", nargs="+", default=list(REMAT_FRACTIONS), type=fraction)
     ap.add_argument("--save", help="also write the measurements as JSON here (after each model)")
     ap.add_argument("--load", help="write the report from a --save file instead of measuring")
+    ap.add_argument("--out", help="the report's path (default: inductor.md beside this script, "
+                                  "inductor_cuda.md for --device cuda)")
     args = ap.parse_args()
+    out = Path(args.out) if args.out else Path(__file__).with_name(
+        "inductor_cuda.md" if args.device.startswith("cuda") else "inductor.md")
     if args.load:
         saved = json.loads(Path(args.load).read_text())
         text = report(load(saved["results"]), args, saved["revision"], saved["elapsed"], saved["argv"])
-        Path(__file__).with_suffix(".md").write_text(text)
+        out.write_text(text)
         print(text)
         return
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -592,7 +597,6 @@ def main() -> None:
     text = report(results, args, revision, elapsed, sys.argv[1:])
     print(text)
     if not args.quick:
-        out = Path(__file__).with_suffix(".md")
         out.write_text(text)
         log(f"wrote {out}")
 
