@@ -57,6 +57,10 @@ def mib(n) -> str:
     return "–" if n is None else f"{n / MiB:.1f}"
 
 
+def ms(x) -> str:
+    return "–" if x is None else f"{x:.1f}"
+
+
 def pct(x) -> str:
     return "–" if x is None else f"{x * 100:+.1f}%"
 
@@ -210,7 +214,7 @@ def report(results: list[dict], meta: dict) -> str:
     for r in results:
         out += [f"## {r['name']}", "",
                 f"{r['nodes']} nodes; store_all peak {mib(r['store'])} MiB, fixed (gradients and outputs every plan "
-                f"holds) {mib(r['fixed'])} MiB; eager step {r['eager_ms']:.1f} ms; capture and profiling "
+                f"holds) {mib(r['fixed'])} MiB; eager step {ms(r['eager_ms'])} ms; capture and profiling "
                 f"{r['capture_s']:.0f} s. Transfer costs: "
                 + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in r["transfer"].items()),
                 "", "| plan | budget MiB | predicted MiB | measured MiB | measured / predicted | ≤ budget | "

@@ -145,7 +145,7 @@ class Fused:
             if ins.kind == COMPUTE:
                 members = self.members[ins.target]
                 out.extend(Instruction(COMPUTE, op) for op in members)
-                kept = set(to_original[v] for v in self.graph.nodes[ins.target].outputs)
+                kept = {to_original[v] for v in self.graph.nodes[ins.target].outputs}
                 out.extend(Instruction(FREE, v) for op in members for v in self.original.nodes[op].outputs
                            if v not in kept)  # inlined: read inside the group only, or never read
             else:
