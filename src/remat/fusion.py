@@ -174,8 +174,9 @@ def _workspace_of(capture: Capture):
     """A fused node's workspace: the largest of its ops' that Inductor does not generate itself."""
 
     def workspace(graph: Graph, members: list[int], escaping: set[int]) -> int:
+        # a random op runs as eager's op inside remat's replay operator (remat.compiled_ops)
         return max((graph.nodes[n].workspace for n in members
-                    if not _generated_by_inductor(capture.op_node[n])), default=0)
+                    if graph.nodes[n].random or not _generated_by_inductor(capture.op_node[n])), default=0)
 
     return workspace
 
