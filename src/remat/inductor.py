@@ -50,8 +50,13 @@ the excess (at most ``CALIBRATION_ROUNDS`` times); ``plan.info["measured_peak"]`
 **Offloading** (``solver="hybrid"`` or ``"checkmate_swap"``): the lowering writes the store's calls as
 the operators ``remat::offload`` and ``remat::reload`` (:mod:`remat.compiled_ops`), which Inductor
 calls as extern kernels in the plan's order; a reload returns once its copy has landed, so the plan
-is made with synchronous copies (:func:`compiled_transfer_meta`). ``auto`` does not offload under
-Inductor yet: only these solvers get the offload tier's costs.
+is made with synchronous copies (:func:`compiled_transfer_meta`). ``auto`` plans recomputation
+alone while that reaches the budget (its choice of offloads over recomputation where both fit has
+not been measured against Inductor's kernels: on the GPT-2 of ``benchmarks/inductor.py`` at fraction
+0.2 a hybrid plan predicted 2.5% faster than hierarchical's measured 0.5% slower) and offloads below
+that: at a budget recomputation misses, and for ``budget="min"``, it plans again with the offload
+tier's costs (:func:`with_transfer_costs`), so the minimum an infeasible budget names includes
+the offloading plans' reach (the zoo's GPT-2: 0.82x recomputation's; ResNet-18: 0.70x).
 """
 
 from __future__ import annotations
@@ -73,9 +78,9 @@ from .cache import code_fingerprint, plan_with_cache
 from .capture import capture_joint
 from .cost import INDUCTOR_COST_MODEL, make_cost_fn, make_transfer_meta, make_workspace_fn
 from .errors import InfeasibleBudgetError, SolverError
-from .fusion import fuse
+from .fusion import Fused, fuse
 from .lower import lower
-from .planner import resolve
+from .planner import is_min, resolve, uses_swaps
 
 INDUCTOR_CONSTRAINTS = {
     "realize_reads_threshold": 0,
@@ -88,8 +93,8 @@ INDUCTOR_CONSTRAINTS = {
 CALIBRATION_ROUNDS = 3
 SLACK_ROUNDS = 4  # plans made at raised budgets to use the bytes Inductor reuses in place
 SLACK_MIN_FRACTION = 0.005  # ... while at least this fraction of the budget is left over
-# Solvers that offload: under Inductor only these get the offload tier's costs, so ``auto`` plans
-# recomputation alone there (its offloading choice is not yet measured against Inductor's kernels).
+# Solvers that offload: these always get the offload tier's costs; ``auto`` only below what
+# recomputation reaches (see the module docstring).
 OFFLOADING_SOLVERS = ("hybrid", "checkmate_swap")
 
 
@@ -126,6 +131,16 @@ def plan_into_reused_bytes(plan, budget_bytes: int, make, rounds: int = SLACK_RO
     return plan
 
 
+def with_transfer_costs(fused: Fused, transfer: dict) -> Fused:
+    """``fused`` with the offload tier's costs in the meta of its graph and of the op-level graph
+    (what the planners and the expansion of an offloading plan read)."""
+
+    def costed(graph):
+        return dataclasses.replace(graph, meta={**graph.meta, "transfer": dict(transfer)})
+
+    return dataclasses.replace(fused, graph=costed(fused.graph), original=costed(fused.original))
+
+
 def compiled_transfer_meta(device) -> dict:
     """The offload tier's measured costs (``graph.meta["transfer"]``) for a graph Inductor compiles:
     its copies are synchronous (``remat::reload`` returns once the copy has landed; see
@@ -156,11 +171,31 @@ class RematPartitioner(CustomPartitionerFn):
             transfer=compiled_transfer_meta(device) if opts.solver in OFFLOADING_SOLVERS else None,
         )
         fused = fuse(capture)
+        if opts.solver == "auto" and is_min(opts.budget):  # the smallest peak, offloading included
+            fused = with_transfer_costs(fused, compiled_transfer_meta(device))
+        try:
+            plan = self._plan(fused)
+        except InfeasibleBudgetError:
+            if opts.solver != "auto" or uses_swaps(fused.graph):
+                raise
+            # below what recomputation reaches: auto offloads too (its error then names that minimum)
+            fused = with_transfer_costs(fused, compiled_transfer_meta(device))
+            plan = self._plan(fused)
+        self.last_plan = plan
+        if opts.on_plan is not None:
+            opts.on_plan(plan, capture)
+        return lower(capture, fused.expand(plan), compiled=True, keep_apart=fused.deferred_adds)
+
+    def _plan(self, fused):
+        """The plan of ``fused``'s graph at the budget less the margin (raised into the bytes
+        Inductor writes in place where that fits)."""
+        opts = self.options
         budget = opts.budget
         budget_bytes = None if budget is None else resolve(fused.graph, budget, opts.solver)
         self.last_budget_bytes = budget_bytes
         if budget_bytes is not None and self.margin_bytes:
             budget = max(0, budget_bytes - self.margin_bytes)
+
         def make(planning_budget):
             return plan_with_cache(
                 fused.graph, planning_budget, opts.solver, time_limit=opts.time_limit,
@@ -175,10 +210,7 @@ class RematPartitioner(CustomPartitionerFn):
             plan.info["budget_bytes"] = budget_bytes
         if self.margin_bytes:
             plan.info["planned_below_budget_by"] = self.margin_bytes
-        self.last_plan = plan
-        if opts.on_plan is not None:
-            opts.on_plan(plan, capture)
-        return lower(capture, fused.expand(plan), compiled=True, keep_apart=fused.deferred_adds)
+        return plan
 
     def __getstate__(self) -> dict:
         """Inductor pickles its config (cache keys): without the plan callback and the last plan."""
