@@ -80,6 +80,7 @@ from .cost import INDUCTOR_COST_MODEL, make_cost_fn, make_transfer_meta, make_wo
 from .errors import InfeasibleBudgetError, SolverError
 from .fusion import Fused, fuse
 from .lower import lower
+from .plan import COMPUTE
 from .planner import is_min, resolve, uses_swaps
 
 INDUCTOR_CONSTRAINTS = {
@@ -162,6 +163,7 @@ class RematPartitioner(CustomPartitionerFn):
 
     def __call__(self, gm: torch.fx.GraphModule, joint_inputs, *, num_fwd_outputs: int, **_kwargs):
         install_plan_order_choices()  # before Inductor schedules the two graphs returned here
+        install_one_call_per_kernel()
         opts = self.options
         device = _device_of(gm)
         capture = capture_joint(
@@ -184,7 +186,10 @@ class RematPartitioner(CustomPartitionerFn):
         self.last_plan = plan
         if opts.on_plan is not None:
             opts.on_plan(plan, capture)
-        return lower(capture, fused.expand(plan), compiled=True, keep_apart=fused.deferred_adds)
+        expanded = fused.expand(plan)
+        graphs = lower(capture, expanded, compiled=True, keep_apart=fused.deferred_adds)
+        tag_plan_memory(graphs, plan, expanded, fused.members)
+        return graphs
 
     def _plan(self, fused):
         """The plan of ``fused``'s graph at the budget less the margin (raised into the bytes
@@ -247,6 +252,78 @@ def partitioner(budget=None, solver: str = "auto", cost_model: Any = INDUCTOR_CO
 
 
 MAX_FUSION_GAP = 1  # kernels fuse only when next to each other in the plan's order
+MEMORY_BEFORE, PLAN_PEAK = "remat_memory_before", "remat_plan_peak"  # FX node meta (tag_plan_memory)
+
+
+def tag_plan_memory(graphs, fused_plan, expanded, members) -> None:
+    """Write into each lowered op node's meta the simulated bytes held just before the plan runs
+    its fused node (``MEMORY_BEFORE``) and the plan's peak (``PLAN_PEAK``), for
+    :meth:`PlanOrderChoices.can_fuse`. The expanded plan runs each fused node's ops one after
+    the other, in the fused plan's order, so its k-th computation belongs to the fused plan's
+    k-th computation's group."""
+    timeline = fused_plan.simulation.timeline
+    fused_steps = [j for j, ins in enumerate(fused_plan.instructions) if ins.kind == COMPUTE
+                   for _ in members[ins.target]]
+    op_steps = [i for i, ins in enumerate(expanded.instructions) if ins.kind == COMPUTE]
+    fused_step = dict(zip(op_steps, fused_steps))
+    for gm in graphs:
+        for n in gm.graph.nodes:
+            j = fused_step.get(n.meta.get("remat_instruction"))
+            if j is not None:
+                n.meta[MEMORY_BEFORE] = (j, timeline[j - 1] if j else 0)
+                n.meta[PLAN_PEAK] = fused_plan.peak_bytes
+
+
+def fusion_raises_peak(node1, node2) -> bool:
+    """Whether the kernel fused from scheduler nodes ``node1`` and ``node2`` would hold more than
+    the plan's peak (False where remat's tags are missing: Inductor's answer stands).
+
+    Inductor allocates a fused kernel's outputs before it runs and frees its inputs after, so
+    it holds what the plan held before its first part (``MEMORY_BEFORE``) plus every output read
+    after it (or returned), less outputs it can write into an input of the same size that dies
+    inside. The plan frees dying inputs between the parts: a kernel fused from a recomputed
+    softmax and the dropout mask generated after it allocated the mask while the scores were
+    still alive, 1 MiB above the 8-layer GPT-2's predicted peak at its smallest budget."""
+    from torch._inductor.scheduler import OutputNode
+
+    parts = [s for n in (node1, node2) for s in n.get_nodes()]
+    origins = [fx for s in parts if s.node is not None for fx in s.node.get_origins() if MEMORY_BEFORE in fx.meta]
+    if not origins:
+        return False
+    names = {s.get_name() for s in parts}
+    peak = max(fx.meta[PLAN_PEAK] for fx in origins)
+
+    def read_outside(buf) -> bool:
+        return any(isinstance(u.node, OutputNode) or any(p.get_name() not in names for p in u.node.get_nodes())
+                   for u in buf.users)
+
+    produced = {b.get_name() for s in parts for b in s.get_outputs()}
+    kept = [_buffer_bytes(b) for s in parts for b in s.get_outputs() if read_outside(b)]
+    scheduler = parts[0].scheduler
+    reduced = {d.name for s in parts if s.is_reduction() for d in s.read_writes.reads}
+    dying = sorted(  # Inductor writes in place only into an input no reduction of the kernel reads
+        _buffer_bytes(scheduler.name_to_buf[d.name]) for d in {d.name: d for s in parts for d in s.read_writes.reads}.values()
+        if d.name not in produced and d.name not in reduced and d.name in scheduler.name_to_buf
+        and not read_outside(scheduler.name_to_buf[d.name])
+    )
+    reused = 0
+    for out in sorted(kept):  # an output written into a dying input of its size
+        if out in dying:
+            dying.remove(out)
+            reused += out
+    held = min(fx.meta[MEMORY_BEFORE] for fx in origins)[1] + sum(kept)  # before the kernel's first part
+    return held - reused > peak
+
+
+def _buffer_bytes(buf) -> int:
+    from torch._inductor.utils import get_dtype_size
+    from torch._inductor.virtualized import V
+
+    try:
+        return int(V.graph.sizevars.optimization_hint(buf.node.get_numel(), fallback=0)) * get_dtype_size(
+            buf.node.get_dtype())
+    except (NotImplementedError, AttributeError, AssertionError):  # no tensor (a multi-output op's list)
+        return 0
 
 
 class PlanOrderChoices:
@@ -267,13 +344,39 @@ class PlanOrderChoices:
     def can_fuse(self, scheduler, node1, node2, shared_data_score: int) -> bool:
         if not self.base.can_fuse(scheduler, node1, node2, shared_data_score):
             return False
-        if not isinstance(torch._inductor.config.custom_partitioner_fn, RematPartitioner):
+        if not _planned_by_remat():
             return True
         gap = max(node2.min_order - node1.max_order, node1.min_order - node2.max_order)
-        return gap <= MAX_FUSION_GAP
+        return gap <= MAX_FUSION_GAP and not fusion_raises_peak(node1, node2)
 
     def __getattr__(self, name):  # every other heuristic: base's
         return getattr(self.__dict__["base"], name)
+
+
+def _planned_by_remat() -> bool:
+    """Whether the graph Inductor compiles now is one remat planned."""
+    return isinstance(torch._inductor.config.custom_partitioner_fn, RematPartitioner)
+
+
+def install_one_call_per_kernel() -> None:
+    """On the CPU, Inductor's C++ backend gathers consecutive generated kernels into one C++
+    function and one call (until an extern kernel): the wrapper allocates every output of the
+    group before the call and frees the dying inputs after it, so the group holds at once what
+    the plan frees between its kernels (a recomputed attention on a 2-layer GPT-2: scores,
+    softmax, dropout output and the value's copy together, 13% above the plan). In graphs remat
+    planned the backend flushes after every kernel, so each runs as its own call and its dying
+    inputs go before the next allocates (one Python call per kernel more; other graphs as before)."""
+    from torch._inductor.codegen.cpp import CppScheduling
+
+    base = CppScheduling.ready_to_flush
+    if getattr(base, "remat", False):
+        return
+
+    def ready_to_flush(self) -> bool:
+        return _planned_by_remat() or base(self)
+
+    ready_to_flush.remat = True
+    CppScheduling.ready_to_flush = ready_to_flush
 
 
 def install_plan_order_choices() -> None:
