@@ -521,6 +521,14 @@ def test_kernels_fuse_only_where_the_fused_kernel_stays_within_the_plans_peak(mo
     dropout.reads, dropout.read_writes.reads = ("scaled",), [types.SimpleNamespace(name="scaled")]
     assert not inductor.fusion_raises_peak(scale, dropout)  # 50 + 40 + 10, the output in the scores' storage
 
+    # the part that writes the kept output reads only what the kernel computes: new memory for it
+    divide = _Part("divide", 8, 30, reads=("shifted",), scheduler=scheduler)
+    shift = _Part("shift", 7, 70, reads=("logits",), scheduler=scheduler)
+    shift.outputs, divide.outputs = [_Buffer("shifted", 40, divide)], [_Buffer("softmax", 40, later)]
+    scheduler.name_to_buf.update(logits=_Buffer("logits", 40, shift), shifted=shift.outputs[0],
+                                 softmax=divide.outputs[0])
+    assert inductor.fusion_raises_peak(shift, divide)  # 70 + 40, the dying logits still held
+
 
 def test_cpu_kernels_run_one_call_each_in_remats_graphs():
     """Inductor's C++ backend would call consecutive kernels as one function, holding every

@@ -48,12 +48,16 @@ What Inductor's scheduler does beyond this model, seen in its generated code (``
   exists (a log-softmax backward: the product read by a row sum and by the pointwise op after it
   is one kernel): the measured peak can be below the plan's;
 * it allocates all outputs of a fused kernel before running it and frees the inputs after, so
-  two kernels fused from neighbours in the plan can hold a little more at once than the plan,
-  which runs them one after the other. Fusion across the plan's order, which moved computation
-  and stretched lifetimes, is limited to neighbours (:class:`remat.inductor.PlanOrderChoices`);
-  horizontal fusion (kernels that only share a read) is switched off
-  (:data:`remat.inductor.INDUCTOR_CONSTRAINTS`): it merged two recomputed copies of one chain and
-  kept both alive, 1.5x the predicted peak.
+  two kernels fused from neighbours in the plan can hold more at once than the plan, which runs
+  them one after the other: such a fusion is refused when the fused kernel would hold more than the
+  plan's peak (:func:`remat.inductor.fusion_raises_peak`). Fusion across the plan's order, which
+  moved computation and stretched lifetimes, is limited to neighbours
+  (:class:`remat.inductor.PlanOrderChoices`); horizontal fusion (kernels that only share a read) is
+  switched off (:data:`remat.inductor.INDUCTOR_CONSTRAINTS`): it merged two recomputed copies of one
+  chain and kept both alive, 1.5x the predicted peak;
+* on the CPU its C++ backend calls all the kernels between two extern kernels as one function
+  (allocations before, frees after); remat has it call each kernel on its own
+  (:func:`remat.inductor.install_one_call_per_kernel`).
 
 :func:`remat.inductor.calibrate` measures the compiled step and re-plans when the peak is above
 the budget.
