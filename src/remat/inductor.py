@@ -46,10 +46,10 @@ and the simulator counts it, and :func:`plan_into_reused_bytes` plans again at a
 spend the bytes so saved on fewer recomputations.
 
 **The budget is checked, not only predicted.** Inductor's scheduler may still allocate in ways no
-graph-level model follows exactly, so with example inputs :func:`compile` runs the compiled step once, measures its peak (the same measurement as
-:mod:`remat.measure`), and while it is above the budget plans again with the budget lowered by
-the excess (at most ``CALIBRATION_ROUNDS`` times); ``plan.info["measured_peak"]`` and
-``plan.info["calibration"]`` record it.
+graph-level model follows exactly, so with example inputs :func:`compile` runs the compiled step
+once, measures its peak (the same measurement as :mod:`remat.measure`), and while it is above the
+budget plans again with the budget lowered by the excess (at most ``CALIBRATION_ROUNDS`` times);
+``plan.info["measured_peak"]`` and ``plan.info["calibration"]`` record it.
 
 **Offloading** (``solver="hybrid"`` or ``"checkmate_swap"``): the lowering writes the store's calls as
 the operators ``remat::offload`` and ``remat::reload`` (:mod:`remat.compiled_ops`), which Inductor
@@ -284,12 +284,9 @@ def fusion_raises_peak(node1, node2) -> bool:
 
     Inductor allocates a fused kernel's outputs before it runs and frees its inputs after, so
     it holds what the plan held before its first part (``MEMORY_BEFORE``) plus every output read
-    after it (or returned), less outputs a part can write into an input of the same size that
-    part reads, which dies inside and which no reduction of the kernel reads (an output of a
-    part that reads only values the kernel computes gets new memory: on the 8-layer GPT-2 at its
-    smallest budget, a softmax recomputed from the row max and sum the forward kept, fused with the
-    scale-and-mask before it, allocated 4 MiB where the plan wrote into the scores' storage).
-    The plan frees dying inputs between the
+    after it (or returned), less outputs a part writes into an input of the same size: one that
+    part itself reads (Inductor decides in-place writes per scheduler node), that dies inside the
+    kernel and that no reduction of the kernel reads. The plan frees dying inputs between the
     parts: on the zoo's 2-layer GPT-2 at hierarchical's smallest budget a recomputed softmax fused
     with the dropout after it held the scores, the probabilities and the dropout's output at once,
     1.098x the predicted peak (exact with this check)."""
@@ -313,7 +310,7 @@ def fusion_raises_peak(node1, node2) -> bool:
     for s in parts:
         kept = [_buffer_bytes(b) for b in s.get_outputs() if read_outside(b)]
         held += sum(kept)
-        dying = [  # Inductor writes in place only into an input of the same part no reduction of the kernel reads
+        dying = [  # inputs of this part that die in the kernel and that no reduction of it reads
             _buffer_bytes(scheduler.name_to_buf[name]) for name in {d.name for d in s.read_writes.reads}
             if name not in produced and name not in reduced and name in scheduler.name_to_buf
             and not read_outside(scheduler.name_to_buf[name])
