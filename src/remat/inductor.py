@@ -376,8 +376,8 @@ def install_one_call_per_kernel() -> None:
     inputs go before the next allocates (one Python call per kernel more; other graphs as before)."""
     from torch._inductor.codegen.cpp import CppScheduling
 
-    base = CppScheduling.ready_to_flush
-    if getattr(base, "remat", False):
+    base = getattr(CppScheduling, "ready_to_flush", None)
+    if base is None or getattr(base, "remat", False):  # (a torch without the hook: Inductor's grouping stays)
         return
 
     def ready_to_flush(self) -> bool:
