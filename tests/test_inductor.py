@@ -6,6 +6,7 @@ compiled once per module (fixtures)."""
 import copy
 import pickle
 import types
+import warnings
 
 import pytest
 import torch
@@ -580,3 +581,21 @@ def test_the_smallest_budget_measures_its_prediction_on_gpt2():
     measured = measured_step_peak(planned, ex.args, ex.kwargs)
     assert measured <= planned.plan.info["budget_bytes"] and measured >= 0.98 * planned.plan.peak_bytes, (
         measured, planned.plan.peak_bytes)
+
+
+def test_a_smallest_budget_measured_above_its_plan_warns(monkeypatch):
+    """``budget="min"`` has no lower plan to re-plan to: a measured peak above it is kept and said."""
+    from remat import inductor
+    from remat.errors import MeasuredAboveBudgetWarning
+
+    plan = types.SimpleNamespace(peak_bytes=1000, info={})
+    part = types.SimpleNamespace(last_budget_bytes=1000, options=types.SimpleNamespace(budget="min"))
+    wrapped = types.SimpleNamespace(plan=plan, _remat_partitioner=part)
+    monkeypatch.setattr(inductor, "measured_step_peak", lambda *a, **k: 1018)
+    with pytest.warns(MeasuredAboveBudgetWarning, match="1018 bytes, 18 above"):
+        inductor.calibrate(wrapped, None, (), {})
+    assert plan.info["measured_peak"] == 1018
+    monkeypatch.setattr(inductor, "measured_step_peak", lambda *a, **k: 990)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MeasuredAboveBudgetWarning)
+        inductor.calibrate(wrapped, None, (), {})

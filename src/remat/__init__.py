@@ -12,7 +12,7 @@ from .batch import BatchTry, MaxBatchResult, max_batch_size
 from .api import ParetoFront, RematModule, capture_and_plan, compile, optimize, pareto, plan
 from .inductor import partitioner
 from .errors import CaptureError, InfeasibleBudgetError, InvalidPlanError, RematError, SolverError, SolverTimeLimitWarning
-from .errors import NotTrainingWarning, UnsupportedWrappingError
+from .errors import MeasuredAboveBudgetWarning, NotTrainingWarning, UnsupportedWrappingError
 from .graph import Graph
 from .measure import StepMeasurement, measure_step
 from .plan import Plan, PlanGraphMismatchError, simulate
@@ -44,6 +44,7 @@ __all__ = [
     "SolverError",
     "SolverTimeLimitWarning",
     "NotTrainingWarning",
+    "MeasuredAboveBudgetWarning",
     "UnsupportedWrappingError",
 ]
 

@@ -79,6 +79,11 @@ class SolverTimeLimitWarning(UserWarning):
     """A solver stopped at its time limit and returned its best plan, which may not be optimal."""
 
 
+class MeasuredAboveBudgetWarning(UserWarning):
+    """A compiled step measured above its plan's smallest budget (``budget="min"``), which has no lower
+    plan to re-plan to: the measured peak is the smallest this compiler reaches."""
+
+
 class NotTrainingWarning(UserWarning):
     """``optimize`` or ``plan`` was called on a model in eval mode or with gradients disabled:
     what gets planned, or what runs, is not the training step the user probably means."""

@@ -69,6 +69,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import warnings
 from typing import Any
 
 import torch
@@ -81,7 +82,7 @@ from .backend import BackendOptions, _device_of
 from .cache import code_fingerprint, plan_with_cache
 from .capture import capture_joint
 from .cost import INDUCTOR_COST_MODEL, make_cost_fn, make_transfer_meta, make_workspace_fn
-from .errors import InfeasibleBudgetError, SolverError
+from .errors import InfeasibleBudgetError, MeasuredAboveBudgetWarning, SolverError
 from .fusion import Fused, fuse
 from .lower import lower
 from .plan import COMPUTE
@@ -487,6 +488,12 @@ def calibrate(wrapped, part_factory, args: tuple, kwargs: dict) -> None:
         if fits or round_ == CALIBRATION_ROUNDS:
             plan.info["measured_peak"] = peak
             plan.info["calibration"] = "; ".join(history)
+            if budget_bytes is not None and peak > budget_bytes and fits:  # "min": nothing lower to plan
+                warnings.warn(MeasuredAboveBudgetWarning(
+                    f"budget='min': the compiled step measured {peak} bytes, {peak - budget_bytes} above the "
+                    f"plan's {budget_bytes} (Inductor's kernels hold more than the plan there; no lower plan "
+                    f"exists to re-plan to). Give a byte budget of at least {peak} bytes to have it checked"
+                ), stacklevel=3)
             if not fits:
                 raise InfeasibleBudgetError(
                     budget_bytes, peak,
