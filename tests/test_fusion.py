@@ -7,12 +7,12 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import default_partition
 
 from remat.capture import capture_joint
 from remat.fusion import addmm_pairs, fuse, fusion_groups
+
+from .models.helpers import without_codegen
 
 WORKSPACE = 1000  # bytes every op is said to need besides its inputs and outputs
 
@@ -20,19 +20,13 @@ WORKSPACE = 1000  # bytes every op is said to need besides its inputs and output
 def _capture(model, *args):
     """The Capture of ``model(*args)``'s joint graph with Inductor's decompositions, as Inductor's
     partitioner sees it, every op given WORKSPACE bytes of workspace."""
-    import torch._inductor.lowering  # noqa: F401  (Inductor's decompositions refer to it)
-    from torch._inductor.decomposition import select_decomp_table
-
     got = {}
 
     def partition(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
         got["capture"] = capture_joint(joint, num_fwd_outputs, workspace_fn=lambda node: WORKSPACE)
         return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
 
-    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm), partition_fn=partition,
-                           decompositions=select_decomp_table())
-    torch._dynamo.reset()
-    torch.compile(model, backend=backend, fullgraph=True, dynamic=False)(*args)
+    without_codegen(model, partition)(*args)
     return got["capture"]
 
 

@@ -23,6 +23,8 @@ from remat.inductor import (INDUCTOR_CONSTRAINTS, MEMORY_BEFORE, PLAN_PEAK, indu
 from remat.plan import COMPUTE
 from remat.planner import make_plan, smallest_plan, store_all_plan
 
+from .models.helpers import without_codegen
+
 MiB = 2**20
 
 
@@ -420,17 +422,9 @@ def test_replayed_random_ops_do_not_keep_their_inputs_alive():
 
 
 def _through_partitioner(part, ex):
-    """``ex.model`` with ``part`` as AOTAutograd's partitioner and no code generation: the planned
-    graphs run as they are lowered for Inductor (fast; the plan is what Inductor would compile)."""
-    import torch._inductor.lowering  # noqa: F401  (Inductor's decompositions refer to it)
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.aot_autograd import make_boxed_func
-    from torch._inductor.decomposition import select_decomp_table
-
-    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm), partition_fn=part,
-                           decompositions=select_decomp_table())
-    torch._dynamo.reset()
-    return torch.compile(ex.model, backend=backend, fullgraph=True, dynamic=False)
+    """``ex.model`` with ``part`` as partitioner and no code generation (the plan is what Inductor
+    would compile)."""
+    return without_codegen(ex.model, part)
 
 
 def test_auto_offloads_below_what_recomputation_reaches_under_inductor():

@@ -484,11 +484,12 @@ def calibrate(wrapped, part_factory, args: tuple, kwargs: dict) -> None:
         history.append(f"planned {plan.peak_bytes} bytes below {budget_bytes - margin if budget_bytes else None}, "
                        f"measured {peak}")
         # "min" asks for the smallest peak: the plan for it is already the smallest, nothing to lower
-        fits = budget_bytes is None or part.options.budget == "min" or peak <= budget_bytes
+        smallest = is_min(part.options.budget)
+        fits = budget_bytes is None or smallest or peak <= budget_bytes
         if fits or round_ == CALIBRATION_ROUNDS:
             plan.info["measured_peak"] = peak
             plan.info["calibration"] = "; ".join(history)
-            if budget_bytes is not None and peak > budget_bytes and fits:  # "min": nothing lower to plan
+            if smallest and peak > budget_bytes:
                 warnings.warn(MeasuredAboveBudgetWarning(
                     f"budget='min': the compiled step measured {peak} bytes, {peak - budget_bytes} above the "
                     f"plan's {budget_bytes} (Inductor's kernels hold more than the plan there; no lower plan "

@@ -79,3 +79,18 @@ def assert_bitwise(got: StepResult, ref: StepResult):
 
 def optimized(example: zoo.Example, **kwargs) -> remat.RematModule:
     return remat.optimize(example.model, *example.args, **example.kwargs, **kwargs)
+
+
+def without_codegen(model, partition_fn):
+    """``model`` compiled through AOTAutograd with Inductor's decompositions and ``partition_fn``
+    (Inductor's partitioner signature), the graphs run as they are, no code generated: what
+    Inductor's partitioner sees and returns, in seconds."""
+    import torch._inductor.lowering  # noqa: F401  (Inductor's decompositions refer to it)
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._inductor.decomposition import select_decomp_table
+
+    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm), partition_fn=partition_fn,
+                           decompositions=select_decomp_table())
+    torch._dynamo.reset()
+    return torch.compile(model, backend=backend, fullgraph=True, dynamic=False)
