@@ -468,10 +468,10 @@ class _Part:
     """A scheduler node with what the fusion memory check reads: its FX origins' plan tags, its
     outputs and their readers, the buffers it reads."""
 
-    def __init__(self, name, step, before, reads=(), reduction=False, scheduler=None):
+    def __init__(self, name, step, before, reads=(), reduction=False, scheduler=None, inlined=()):
         self.name, self.reads, self.reduction, self.scheduler, self.outputs = name, reads, reduction, scheduler, []
-        fx = types.SimpleNamespace(meta={MEMORY_BEFORE: (step, before), PLAN_PEAK: 100})
-        self.node = types.SimpleNamespace(get_origins=lambda: [fx])
+        origins = [types.SimpleNamespace(meta={MEMORY_BEFORE: tag, PLAN_PEAK: 100}) for tag in (*inlined, (step, before))]
+        self.node = types.SimpleNamespace(get_origins=lambda: origins)
         self.read_writes = types.SimpleNamespace(reads=[types.SimpleNamespace(name=r) for r in reads])
 
     def get_nodes(self):
@@ -523,6 +523,12 @@ def test_kernels_fuse_only_where_the_fused_kernel_stays_within_the_plans_peak(mo
     scheduler.name_to_buf.update(logits=_Buffer("logits", 40, shift), shifted=shift.outputs[0],
                                  softmax=divide.outputs[0])
     assert inductor.fusion_raises_peak(shift, divide)  # 70 + 40, the dying logits still held
+
+    # a producer Inductor inlined into a part was computed earlier in the plan, at lower memory:
+    # the part still runs at its own step, where the plan held 70
+    inlined_shift = _Part("shift", 7, 70, reads=("logits",), scheduler=scheduler, inlined=((2, 10),))
+    inlined_shift.outputs = shift.outputs
+    assert inductor.fusion_raises_peak(inlined_shift, divide)  # 70 + 40, not 10 + 40
 
 
 def test_cpu_kernels_run_one_call_each_in_remats_graphs():
@@ -593,3 +599,41 @@ def test_a_smallest_budget_measured_above_its_plan_warns(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error", MeasuredAboveBudgetWarning)
         inductor.calibrate(wrapped, None, (), {})
+
+
+def test_values_the_fused_graph_stores_are_stored_where_a_copy_has_one_reader():
+    """A recomputed copy read by one op would be inlined by Inductor though the fused graph, built
+    from the joint graph's readers, stores it. It is passed through Inductor's stride prim (a
+    stored buffer, the same values), unless its reader's output has its size: stored, it would be
+    the buffer Inductor writes that output into, in place of a dying input."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    aten = torch.ops.aten
+
+    def step(x):
+        scaled = aten.mul.Tensor(x, 2.0)  # read by the mask only, a bool
+        mask = aten.gt.Scalar(scaled, 1.0)  # read by the product only, a float of x's size: stored
+        tripled = aten.mul.Tensor(x, 3.0)  # read by an output of its own size: left to Inductor
+        return aten.add.Tensor(aten.mul.Tensor(mask, x), tripled)
+
+    x = torch.randn(4, 8)
+    gm = make_fx(step, tracing_mode="fake")(x)
+    ops = [n for n in gm.graph.nodes if n.op == "call_function"]
+    for i, n in enumerate(ops):
+        n.meta["remat_instruction"] = i
+    expanded = types.SimpleNamespace(instructions=[types.SimpleNamespace(target=i) for i in range(len(ops))])
+    each_stored = types.SimpleNamespace(members=[[i] for i in range(len(ops))])
+    expected = gm(x)
+
+    assert inductor_module.realize_as_fused([gm], expanded, each_stored) == 2
+    stored = [n for n in gm.graph.nodes if n.target is torch.ops.prims.inductor_force_stride_order.default]
+    assert [n.args[0].name for n in stored] == [ops[0].name, ops[1].name]
+    assert all(n.meta["remat_instruction"] == n.args[0].meta["remat_instruction"] for n in stored)
+    assert torch.equal(gm(x), expected)
+
+    gm = make_fx(step, tracing_mode="fake")(x)  # a producer inlined in the fused graph stays inlined
+    ops = [n for n in gm.graph.nodes if n.op == "call_function"]
+    for i, n in enumerate(ops):
+        n.meta["remat_instruction"] = i
+    scaled_inlined = types.SimpleNamespace(members=[[0, 1], *([i] for i in range(2, len(ops)))])
+    assert inductor_module.realize_as_fused([gm], expanded, scaled_inlined) == 1

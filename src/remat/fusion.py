@@ -57,7 +57,11 @@ What Inductor's scheduler does beyond this model, seen in its generated code (``
   chain and kept both alive, 1.5x the predicted peak;
 * on the CPU its C++ backend calls all the kernels between two extern kernels as one function
   (allocations before, frees after); remat has it call each kernel on its own
-  (:func:`remat.inductor.install_one_call_per_kernel`).
+  (:func:`remat.inductor.install_one_call_per_kernel`);
+* it inlines a value by the readers of the *lowered* graph, where a recomputed copy can have one
+  reader though the joint graph's value had several: remat makes Inductor store such a copy where
+  storing cannot hand a reader's output a new in-place target
+  (:func:`remat.inductor.realize_as_fused`).
 
 :func:`remat.inductor.calibrate` measures the compiled step and re-plans when the peak is above
 the budget.

@@ -38,7 +38,9 @@ step's memory:
   :func:`tag_plan_memory` writes on the lowered graphs);
 * and on the CPU each generated kernel is called on its own (:func:`install_one_call_per_kernel`):
   the C++ backend would call all kernels between two extern kernels as one function, holding all
-  their outputs and all their dying inputs at once.
+  their outputs and all their dying inputs at once;
+* in the lowered graphs, a copy of a value the fused graph stores is stored also where the copy
+  has a single reader, which Inductor would compute it inside (:func:`realize_as_fused`).
 
 What stays on: Inductor writes a kernel's output into the storage of an input that dies there
 (``config.inplace_buffers``); the fused graph lists where it can (:func:`remat.fusion.inplace_reuses`)
@@ -83,7 +85,7 @@ from .cache import code_fingerprint, plan_with_cache
 from .capture import capture_joint
 from .cost import INDUCTOR_COST_MODEL, make_cost_fn, make_transfer_meta, make_workspace_fn
 from .errors import InfeasibleBudgetError, MeasuredAboveBudgetWarning, SolverError
-from .fusion import Fused, fuse
+from .fusion import Fused, _inlines_its_inputs, _is_pointwise, fuse
 from .lower import lower
 from .plan import COMPUTE
 from .planner import is_min, resolve, uses_swaps
@@ -193,6 +195,7 @@ class RematPartitioner(CustomPartitionerFn):
             opts.on_plan(plan, capture)
         expanded = fused.expand(plan)
         graphs = lower(capture, expanded, compiled=True, keep_apart=fused.deferred_adds)
+        plan.info["stored_as_planned"] = realize_as_fused(graphs, expanded, fused)
         tag_plan_memory(graphs, plan, expanded, fused.members)
         return graphs
 
@@ -279,6 +282,60 @@ def tag_plan_memory(graphs, fused_plan, expanded, members) -> None:
                 n.meta[PLAN_PEAK] = fused_plan.peak_bytes
 
 
+def _readers_through_views(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The ops that read ``node``'s values, looking through views of it (which Inductor folds into
+    the reader's loads)."""
+    readers = []
+    for user in node.users:
+        target = user.target
+        if isinstance(target, torch._ops.OpOverload) and target.is_view:
+            readers.extend(_readers_through_views(user))
+        else:
+            readers.append(user)
+    return readers
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def realize_as_fused(graphs, expanded, fused: Fused) -> int:
+    """Make Inductor store every value the fused graph stores; returns how many it would have inlined.
+
+    The fused graph decides what Inductor inlines from the joint graph's readers. A copy of a value
+    in the lowered graphs can have fewer: where the plan recomputes a softmax for the backward, the
+    recomputed scores and exponentials each have one reader, and Inductor would compute the whole
+    chain inside its last kernel, which allocates its output while the chain's first input is still
+    alive and writes it into the storage of a random mask instead of the dying input (the 8-layer
+    GPT-2 of ``benchmarks/inductor.py`` at ``budget="min"``: 1.8% above the plan). Such a copy --
+    a pointwise value the fused graph stores, read (through views) by one op that would inline
+    it -- is passed through ``prims.inductor_force_stride_order`` with its own strides, which
+    Inductor lowers to a stored buffer; the values are unchanged. Inductor may still fuse the two
+    kernels where :func:`fusion_raises_peak` allows it."""
+    stored = {members[-1] for members in fused.members}  # each group's consumer: its outputs are stored
+    realize = torch.ops.prims.inductor_force_stride_order.default
+    count = 0
+    for gm in graphs:
+        for n in list(gm.graph.nodes):
+            i = n.meta.get("remat_instruction")
+            val = n.meta.get("val")
+            if i is None or expanded.instructions[i].target not in stored or not _is_pointwise(n):
+                continue
+            readers = _readers_through_views(n)
+            if len(readers) != 1 or not _inlines_its_inputs(readers[0]) or not isinstance(val, torch.Tensor):
+                continue
+            out = readers[0].meta.get("val")
+            if not isinstance(out, torch.Tensor) or _nbytes(out) == _nbytes(val):
+                continue  # the reader could write into it: stored, it would take the place of a dying input
+            with gm.graph.inserting_after(n):
+                stored_copy = gm.graph.call_function(realize, (n, list(val.stride())))
+            n.replace_all_uses_with(stored_copy, delete_user_cb=lambda user: user is not stored_copy)
+            stored_copy.meta.update(n.meta)
+            count += 1
+        gm.recompile()
+    return count
+
+
 def fusion_raises_peak(node1, node2) -> bool:
     """Whether the kernel fused from scheduler nodes ``node1`` and ``node2`` would hold more than
     the plan's peak (False where remat's tags are missing: Inductor's answer stands).
@@ -290,15 +347,23 @@ def fusion_raises_peak(node1, node2) -> bool:
     kernel and that no reduction of the kernel reads. The plan frees dying inputs between the
     parts: on the zoo's 2-layer GPT-2 at hierarchical's smallest budget a recomputed softmax fused
     with the dropout after it held the scores, the probabilities and the dropout's output at once,
-    1.098x the predicted peak (exact with this check)."""
+    1.098x the predicted peak (exact with this check).
+
+    A part's place in the plan is that of its latest tagged FX origin: its origins include the
+    pointwise producers Inductor inlined into it, which the plan computed earlier (a recomputed
+    attention mask inlined into the scaling of the scores it masks is tagged where the plan
+    computed the mask; taking the earliest tag, the 8-layer GPT-2 of ``benchmarks/inductor.py``
+    at ``budget="min"`` fused that scaling with the softmax after it and measured 1.8% above the
+    plan)."""
     from torch._inductor.scheduler import OutputNode
 
     parts = [s for n in (node1, node2) for s in n.get_nodes()]
-    origins = [fx for s in parts if s.node is not None for fx in s.node.get_origins() if MEMORY_BEFORE in fx.meta]
-    if not origins:
+    tagged = [[fx for fx in s.node.get_origins() if MEMORY_BEFORE in fx.meta] for s in parts if s.node is not None]
+    tagged = [origins for origins in tagged if origins]
+    if not tagged:
         return False
     names = {s.get_name() for s in parts}
-    peak = max(fx.meta[PLAN_PEAK] for fx in origins)
+    peak = max(fx.meta[PLAN_PEAK] for origins in tagged for fx in origins)
 
     def read_outside(buf) -> bool:
         return any(isinstance(u.node, OutputNode) or any(p.get_name() not in names for p in u.node.get_nodes())
@@ -307,7 +372,9 @@ def fusion_raises_peak(node1, node2) -> bool:
     produced = {b.get_name() for s in parts for b in s.get_outputs()}
     scheduler = parts[0].scheduler
     reduced = {d.name for s in parts if s.is_reduction() for d in s.read_writes.reads}
-    held = min(fx.meta[MEMORY_BEFORE] for fx in origins)[1]  # before the kernel's first part
+    # Before the kernel's first part. A part runs where its last op does: its origins also name the
+    # pointwise producers Inductor inlined into it, which the plan computed earlier, at lower memory.
+    held = min(max(fx.meta[MEMORY_BEFORE] for fx in origins) for origins in tagged)[1]
     for s in parts:
         kept = [_buffer_bytes(b) for b in s.get_outputs() if read_outside(b)]
         held += sum(kept)
@@ -509,4 +576,4 @@ def calibrate(wrapped, part_factory, args: tuple, kwargs: dict) -> None:
 __all__ = ["RematPartitioner", "partitioner", "inductor_options", "INDUCTOR_CONSTRAINTS", "calibrate",
            "measured_step_peak", "CALIBRATION_ROUNDS", "PlanOrderChoices", "install_plan_order_choices",
            "install_one_call_per_kernel", "fusion_raises_peak", "tag_plan_memory", "with_transfer_costs",
-           "MAX_FUSION_GAP", "plan_into_reused_bytes"]
+           "MAX_FUSION_GAP", "plan_into_reused_bytes", "realize_as_fused"]
