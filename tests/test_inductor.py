@@ -601,20 +601,21 @@ def test_a_smallest_budget_measured_above_its_plan_warns(monkeypatch):
         inductor.calibrate(wrapped, None, (), {})
 
 
-def test_values_the_fused_graph_stores_are_stored_where_a_copy_has_one_reader():
-    """A recomputed copy read by one op would be inlined by Inductor though the fused graph, built
-    from the joint graph's readers, stores it. It is passed through Inductor's stride prim (a
-    stored buffer, the same values), unless its reader's output has its size: stored, it would be
-    the buffer Inductor writes that output into, in place of a dying input."""
+def test_a_dropout_mask_the_fused_graph_stores_is_stored_where_its_copy_has_one_reader():
+    """A recomputed copy of a dropout mask read by one op would be computed by Inductor inside that
+    op, which would then write its output into the random values (see ``realize_as_fused``). The
+    copy goes through Inductor's stride prim (a stored buffer, the same values); other values, and
+    masks with two readers (stored by Inductor anyway), are left alone."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     aten = torch.ops.aten
 
     def step(x):
-        scaled = aten.mul.Tensor(x, 2.0)  # read by the mask only, a bool
-        mask = aten.gt.Scalar(scaled, 1.0)  # read by the product only, a float of x's size: stored
-        tripled = aten.mul.Tensor(x, 3.0)  # read by an output of its own size: left to Inductor
-        return aten.add.Tensor(aten.mul.Tensor(mask, x), tripled)
+        noise = aten.mul.Tensor(x, 2.0)  # stands for the random values: inlined into the mask
+        mask = aten.gt.Scalar(noise, 1.0)  # stored in the fused graph, one reader here
+        scaled = aten.mul.Tensor(x, 3.0)  # stored in the fused graph, not random: left to Inductor
+        twice = aten.gt.Scalar(aten.mul.Tensor(x, 4.0), 1.0)  # a mask read twice
+        return aten.add.Tensor(aten.mul.Tensor(mask, x), scaled) + aten.mul.Tensor(twice, x) + twice
 
     x = torch.randn(4, 8)
     gm = make_fx(step, tracing_mode="fake")(x)
@@ -622,18 +623,15 @@ def test_values_the_fused_graph_stores_are_stored_where_a_copy_has_one_reader():
     for i, n in enumerate(ops):
         n.meta["remat_instruction"] = i
     expanded = types.SimpleNamespace(instructions=[types.SimpleNamespace(target=i) for i in range(len(ops))])
-    each_stored = types.SimpleNamespace(members=[[i] for i in range(len(ops))])
+    random_ops = {0, 3}
+    original = types.SimpleNamespace(nodes=[
+        types.SimpleNamespace(op=inductor_module.INDUCTOR_RANDOM if i in random_ops else str(n.target))
+        for i, n in enumerate(ops)])
+    members = [[0, 1], [2], [3, 4], *([i] for i in range(5, len(ops)))]
     expected = gm(x)
 
-    assert inductor_module.realize_as_fused([gm], expanded, each_stored) == 2
+    assert inductor_module.realize_as_fused([gm], expanded, types.SimpleNamespace(members=members, original=original)) == 1
     stored = [n for n in gm.graph.nodes if n.target is torch.ops.prims.inductor_force_stride_order.default]
-    assert [n.args[0].name for n in stored] == [ops[0].name, ops[1].name]
-    assert all(n.meta["remat_instruction"] == n.args[0].meta["remat_instruction"] for n in stored)
+    assert [n.args[0].name for n in stored] == [ops[1].name]
+    assert stored[0].meta["remat_instruction"] == 1 and list(stored[0].users) == [ops[5]]
     assert torch.equal(gm(x), expected)
-
-    gm = make_fx(step, tracing_mode="fake")(x)  # a producer inlined in the fused graph stays inlined
-    ops = [n for n in gm.graph.nodes if n.op == "call_function"]
-    for i, n in enumerate(ops):
-        n.meta["remat_instruction"] = i
-    scaled_inlined = types.SimpleNamespace(members=[[0, 1], *([i] for i in range(2, len(ops)))])
-    assert inductor_module.realize_as_fused([gm], expanded, scaled_inlined) == 1

@@ -59,8 +59,8 @@ What Inductor's scheduler does beyond this model, seen in its generated code (``
   (allocations before, frees after); remat has it call each kernel on its own
   (:func:`remat.inductor.install_one_call_per_kernel`);
 * it inlines a value by the readers of the *lowered* graph, where a recomputed copy can have one
-  reader though the joint graph's value had several: remat makes Inductor store such a copy where
-  storing cannot hand a reader's output a new in-place target
+  reader though the joint graph's value had several; for a dropout mask that puts the random values
+  in the reader's kernel as its output's in-place target, so remat has Inductor store such a copy
   (:func:`remat.inductor.realize_as_fused`).
 
 :func:`remat.inductor.calibrate` measures the compiled step and re-plans when the peak is above

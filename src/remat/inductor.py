@@ -39,8 +39,8 @@ step's memory:
 * and on the CPU each generated kernel is called on its own (:func:`install_one_call_per_kernel`):
   the C++ backend would call all kernels between two extern kernels as one function, holding all
   their outputs and all their dying inputs at once;
-* in the lowered graphs, a copy of a value the fused graph stores is stored also where the copy
-  has a single reader, which Inductor would compute it inside (:func:`realize_as_fused`).
+* in the lowered graphs, a copy of a dropout mask the fused graph stores is stored also where the
+  copy has a single reader, which Inductor would compute it inside (:func:`realize_as_fused`).
 
 What stays on: Inductor writes a kernel's output into the storage of an input that dies there
 (``config.inplace_buffers``); the fused graph lists where it can (:func:`remat.fusion.inplace_reuses`)
@@ -85,7 +85,7 @@ from .cache import code_fingerprint, plan_with_cache
 from .capture import capture_joint
 from .cost import INDUCTOR_COST_MODEL, make_cost_fn, make_transfer_meta, make_workspace_fn
 from .errors import InfeasibleBudgetError, MeasuredAboveBudgetWarning, SolverError
-from .fusion import Fused, _inlines_its_inputs, _is_pointwise, fuse
+from .fusion import Fused, _inlines_its_inputs, fuse
 from .lower import lower
 from .plan import COMPUTE
 from .planner import is_min, resolve, uses_swaps
@@ -295,38 +295,44 @@ def _readers_through_views(node: torch.fx.Node) -> list[torch.fx.Node]:
     return readers
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+INDUCTOR_RANDOM = "prims.inductor_random.default"
 
 
 def realize_as_fused(graphs, expanded, fused: Fused) -> int:
-    """Make Inductor store every value the fused graph stores; returns how many it would have inlined.
+    """Make Inductor store the random masks the fused graph stores; returns how many copies it
+    would have computed inside their reader.
 
-    The fused graph decides what Inductor inlines from the joint graph's readers. A copy of a value
-    in the lowered graphs can have fewer: where the plan recomputes a softmax for the backward, the
-    recomputed scores and exponentials each have one reader, and Inductor would compute the whole
-    chain inside its last kernel, which allocates its output while the chain's first input is still
-    alive and writes it into the storage of a random mask instead of the dying input (the 8-layer
-    GPT-2 of ``benchmarks/inductor.py`` at ``budget="min"``: 1.8% above the plan). Such a copy --
-    a pointwise value the fused graph stores, read (through views) by one op that would inline
-    it -- is passed through ``prims.inductor_force_stride_order`` with its own strides, which
-    Inductor lowers to a stored buffer; the values are unchanged. Inductor may still fuse the two
-    kernels where :func:`fusion_raises_peak` allows it."""
-    stored = {members[-1] for members in fused.members}  # each group's consumer: its outputs are stored
+    Inductor stores random values (its lowering of ``inductor_random`` realises them) and removes
+    them again when the kernel reading them is their only reader, fused with them; the fused graph
+    counts them that way, inlined into the comparison that makes a dropout mask, and stores the mask
+    where the joint graph reads it twice (forward and backward). A copy of the mask in the lowered
+    graphs can have one reader, the dropout's product: Inductor then computes the mask inside that
+    kernel, which reads the random values themselves, the same size as its output, and writes its
+    output into them (the first dying input of the output's size it reads) instead of into the
+    dying input the plan hands it. So the random values stay allocated beside that input: on the
+    8-layer GPT-2 of ``benchmarks/inductor.py`` at ``budget="min"``, whose plan recomputes each
+    attention's softmax and dropout in the backward, 1.8% above the plan. Such a copy -- a value the
+    fused graph stores, computed from inlined random values, read (through views) by one op that
+    would inline it -- is passed through ``prims.inductor_force_stride_order`` with its own strides,
+    which Inductor lowers to a stored buffer (values unchanged). Storing every single-reader copy
+    the fused graph stores was tried: it also gave same-size values to readers as in-place targets
+    (GELU's halves on the 2-layer GPT-2: 1.137x). The stored masks cost time where a plan
+    recomputes many: that ``min`` plan stores 1477 and measures 0.97x its prediction, at 1.29x the
+    step time of the same plan without them (on the CPU)."""
+    original = fused.original.nodes
+    masks = {members[-1] for members in fused.members  # each group's consumer: its outputs are stored
+             if any(original[m].op == INDUCTOR_RANDOM for m in members[:-1])}
     realize = torch.ops.prims.inductor_force_stride_order.default
     count = 0
     for gm in graphs:
         for n in list(gm.graph.nodes):
             i = n.meta.get("remat_instruction")
             val = n.meta.get("val")
-            if i is None or expanded.instructions[i].target not in stored or not _is_pointwise(n):
+            if i is None or expanded.instructions[i].target not in masks or not isinstance(val, torch.Tensor):
                 continue
             readers = _readers_through_views(n)
-            if len(readers) != 1 or not _inlines_its_inputs(readers[0]) or not isinstance(val, torch.Tensor):
+            if len(readers) != 1 or not _inlines_its_inputs(readers[0]):
                 continue
-            out = readers[0].meta.get("val")
-            if not isinstance(out, torch.Tensor) or _nbytes(out) == _nbytes(val):
-                continue  # the reader could write into it: stored, it would take the place of a dying input
             with gm.graph.inserting_after(n):
                 stored_copy = gm.graph.call_function(realize, (n, list(val.stride())))
             n.replace_all_uses_with(stored_copy, delete_user_cb=lambda user: user is not stored_copy)
