@@ -468,10 +468,10 @@ class _Part:
     """A scheduler node with what the fusion memory check reads: its FX origins' plan tags, its
     outputs and their readers, the buffers it reads."""
 
-    def __init__(self, name, step, before, reads=(), reduction=False, scheduler=None, inlined=()):
+    def __init__(self, name, step, before, reads=(), reduction=False, scheduler=None):
         self.name, self.reads, self.reduction, self.scheduler, self.outputs = name, reads, reduction, scheduler, []
-        origins = [types.SimpleNamespace(meta={MEMORY_BEFORE: tag, PLAN_PEAK: 100}) for tag in (*inlined, (step, before))]
-        self.node = types.SimpleNamespace(get_origins=lambda: origins)
+        fx = types.SimpleNamespace(meta={MEMORY_BEFORE: (step, before), PLAN_PEAK: 100})
+        self.node = types.SimpleNamespace(get_origins=lambda: [fx])
         self.read_writes = types.SimpleNamespace(reads=[types.SimpleNamespace(name=r) for r in reads])
 
     def get_nodes(self):
@@ -523,12 +523,6 @@ def test_kernels_fuse_only_where_the_fused_kernel_stays_within_the_plans_peak(mo
     scheduler.name_to_buf.update(logits=_Buffer("logits", 40, shift), shifted=shift.outputs[0],
                                  softmax=divide.outputs[0])
     assert inductor.fusion_raises_peak(shift, divide)  # 70 + 40, the dying logits still held
-
-    # a producer Inductor inlined into a part was computed earlier in the plan, at lower memory:
-    # the part still runs at its own step, where the plan held 70
-    inlined_shift = _Part("shift", 7, 70, reads=("logits",), scheduler=scheduler, inlined=((2, 10),))
-    inlined_shift.outputs = shift.outputs
-    assert inductor.fusion_raises_peak(inlined_shift, divide)  # 70 + 40, not 10 + 40
 
 
 def test_cpu_kernels_run_one_call_each_in_remats_graphs():
