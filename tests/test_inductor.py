@@ -597,7 +597,7 @@ def test_a_smallest_budget_measured_above_its_plan_warns(monkeypatch):
 
 def test_a_dropout_mask_the_fused_graph_stores_is_stored_where_its_copy_has_one_reader():
     """A recomputed copy of a dropout mask read by one op would be computed by Inductor inside that
-    op, which would then write its output into the random values (see ``realize_as_fused``). The
+    op, which would then write its output into the random values (see ``store_random_masks``). The
     copy goes through Inductor's stride prim (a stored buffer, the same values); other values, and
     masks with two readers (stored by Inductor anyway), are left alone."""
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -624,7 +624,7 @@ def test_a_dropout_mask_the_fused_graph_stores_is_stored_where_its_copy_has_one_
     members = [[0, 1], [2], [3, 4], *([i] for i in range(5, len(ops)))]
     expected = gm(x)
 
-    assert inductor_module.realize_as_fused([gm], expanded, types.SimpleNamespace(members=members, original=original)) == 1
+    assert inductor_module.store_random_masks([gm], expanded, types.SimpleNamespace(members=members, original=original)) == 1
     stored = [n for n in gm.graph.nodes if n.target is torch.ops.prims.inductor_force_stride_order.default]
     assert [n.args[0].name for n in stored] == [ops[1].name]
     assert stored[0].meta["remat_instruction"] == 1 and list(stored[0].users) == [ops[5]]

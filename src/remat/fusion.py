@@ -61,7 +61,7 @@ What Inductor's scheduler does beyond this model, seen in its generated code (``
 * it inlines a value by the readers of the *lowered* graph, where a recomputed copy can have one
   reader though the joint graph's value had several; for a dropout mask that puts the random values
   in the reader's kernel as its output's in-place target, so remat has Inductor store such a copy
-  (:func:`remat.inductor.realize_as_fused`).
+  (:func:`remat.inductor.store_random_masks`).
 
 :func:`remat.inductor.calibrate` measures the compiled step and re-plans when the peak is above
 the budget.
@@ -82,11 +82,12 @@ from .graph import ACTIVATION, Graph
 from .plan import COMPUTE, FREE, OFFLOAD, RELOAD, Instruction, Plan
 
 MAX_INLINED_READS = 8  # Inductor's realize_acc_reads_threshold default
+INDUCTOR_RANDOM = "prims.inductor_random.default"  # Inductor's random values (its RNG functionalisation)
 
 _aten = torch.ops.aten
 _POINTWISE_EXTRA_NAMES = (
     "aten.full.default", "aten.scalar_tensor.default", "aten._to_copy.default",
-    "prims.inductor_random.default", "prims.inductor_lookup_seed.default",
+    INDUCTOR_RANDOM, "prims.inductor_lookup_seed.default",
     # untagged, but lowered by Inductor to an elementwise loop body (max pooling's saved offsets -> indices)
     "prims._low_memory_max_pool_offsets_to_indices.default",
 )

@@ -40,7 +40,7 @@ step's memory:
   the C++ backend would call all kernels between two extern kernels as one function, holding all
   their outputs and all their dying inputs at once;
 * in the lowered graphs, a copy of a dropout mask the fused graph stores is stored also where the
-  copy has a single reader, which Inductor would compute it inside (:func:`realize_as_fused`).
+  copy has a single reader, which Inductor would compute it inside (:func:`store_random_masks`).
 
 What stays on: Inductor writes a kernel's output into the storage of an input that dies there
 (``config.inplace_buffers``); the fused graph lists where it can (:func:`remat.fusion.inplace_reuses`)
@@ -85,7 +85,7 @@ from .cache import code_fingerprint, plan_with_cache
 from .capture import capture_joint
 from .cost import INDUCTOR_COST_MODEL, make_cost_fn, make_transfer_meta, make_workspace_fn
 from .errors import InfeasibleBudgetError, MeasuredAboveBudgetWarning, SolverError
-from .fusion import Fused, _inlines_its_inputs, fuse
+from .fusion import INDUCTOR_RANDOM, Fused, _inlines_its_inputs, fuse
 from .lower import lower
 from .plan import COMPUTE
 from .planner import is_min, resolve, uses_swaps
@@ -195,7 +195,7 @@ class RematPartitioner(CustomPartitionerFn):
             opts.on_plan(plan, capture)
         expanded = fused.expand(plan)
         graphs = lower(capture, expanded, compiled=True, keep_apart=fused.deferred_adds)
-        plan.info["stored_masks"] = realize_as_fused(graphs, expanded, fused)
+        plan.info["stored_masks"] = store_random_masks(graphs, expanded, fused)
         tag_plan_memory(graphs, plan, expanded, fused.members)
         return graphs
 
@@ -295,10 +295,7 @@ def _readers_through_views(node: torch.fx.Node) -> list[torch.fx.Node]:
     return readers
 
 
-INDUCTOR_RANDOM = "prims.inductor_random.default"
-
-
-def realize_as_fused(graphs, expanded, fused: Fused) -> int:
+def store_random_masks(graphs, expanded, fused: Fused) -> int:
     """Make Inductor store the random masks the fused graph stores; returns how many copies it
     would have computed inside their reader.
 
@@ -325,6 +322,7 @@ def realize_as_fused(graphs, expanded, fused: Fused) -> int:
     realize = torch.ops.prims.inductor_force_stride_order.default
     count = 0
     for gm in graphs:
+        stored_before = count
         for n in list(gm.graph.nodes):
             i = n.meta.get("remat_instruction")
             val = n.meta.get("val")
@@ -338,7 +336,8 @@ def realize_as_fused(graphs, expanded, fused: Fused) -> int:
             n.replace_all_uses_with(stored_copy, delete_user_cb=lambda user: user is not stored_copy)
             stored_copy.meta.update(n.meta)
             count += 1
-        gm.recompile()
+        if count > stored_before:
+            gm.recompile()
     return count
 
 
@@ -578,4 +577,4 @@ def calibrate(wrapped, part_factory, args: tuple, kwargs: dict) -> None:
 __all__ = ["RematPartitioner", "partitioner", "inductor_options", "INDUCTOR_CONSTRAINTS", "calibrate",
            "measured_step_peak", "CALIBRATION_ROUNDS", "PlanOrderChoices", "install_plan_order_choices",
            "install_one_call_per_kernel", "fusion_raises_peak", "tag_plan_memory", "with_transfer_costs",
-           "MAX_FUSION_GAP", "plan_into_reused_bytes", "realize_as_fused"]
+           "MAX_FUSION_GAP", "plan_into_reused_bytes", "store_random_masks"]
