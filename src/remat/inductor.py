@@ -307,15 +307,11 @@ def store_random_masks(graphs, expanded, fused: Fused) -> int:
     kernel, which reads the random values themselves, the same size as its output, and writes its
     output into them (the first dying input of the output's size it reads) instead of into the
     dying input the plan hands it. So the random values stay allocated beside that input: on the
-    8-layer GPT-2 of ``benchmarks/inductor.py`` at ``budget="min"``, whose plan recomputes each
-    attention's softmax and dropout in the backward, 1.8% above the plan. Such a copy -- a value the
-    fused graph stores, computed from inlined random values, read (through views) by one op that
-    would inline it -- is passed through ``prims.inductor_force_stride_order`` with its own strides,
-    which Inductor lowers to a stored buffer (values unchanged). Storing every single-reader copy
-    the fused graph stores was tried: it also gave same-size values to readers as in-place targets
-    (GELU's halves on the 2-layer GPT-2: 1.137x). The stored masks cost time where a plan
-    recomputes many: that ``min`` plan stores 1477 and measures 0.97x its prediction, at 1.29x the
-    step time of the same plan without them (on the CPU)."""
+    8-layer GPT-2 of ``benchmarks/inductor.py`` at ``budget="min"``, 1.8% above the plan. Such a copy
+    -- a value the fused graph stores, computed from inlined random values, read (through views) by
+    one op that would inline it -- is passed through ``prims.inductor_force_stride_order`` with its
+    own strides, which Inductor lowers to a stored buffer (values unchanged). What was tried instead,
+    and what the stored masks cost in step time, is in ``docs/design.md`` (Known gaps)."""
     original = fused.original.nodes
     masks = {members[-1] for members in fused.members  # each group's consumer: its outputs are stored
              if any(original[m].op == INDUCTOR_RANDOM for m in members[:-1])}
@@ -355,10 +351,8 @@ def fusion_raises_peak(node1, node2) -> bool:
     1.098x the predicted peak (exact with this check).
 
     The kernel's first op is its earliest tagged FX origin, which can be a pointwise producer
-    Inductor inlined into it that the plan computed earlier, at lower memory. Taking each part's
-    last origin instead (where Inductor runs it) was tried: it refused fusions that held nothing
-    more (ResNet-18 of ``benchmarks/inductor.py`` at fraction 1.0: same measured peak, step 1.07x;
-    not analysed further) and changed nothing on the 8-layer GPT-2."""
+    Inductor inlined into it that the plan computed earlier, at lower memory (each part's last
+    origin was tried instead: see ``docs/design.md``, Known gaps)."""
     from torch._inductor.scheduler import OutputNode
 
     parts = [s for n in (node1, node2) for s in n.get_nodes()]
