@@ -80,12 +80,15 @@ def test_random_ops_replay_and_gradients_match_inductors_own_step(dropout_case):
 
 def test_inductors_own_random_numbers_replay_exactly():
     """Inductor's default RNG (seeds drawn once per graph): a plan that recomputes gives the
-    gradients of the store-everything plan."""
+    gradients of the store-everything plan. (The seeds are drawn by remat's replay operator, not by
+    Inductor's kernel, so they are not the numbers of Inductor's own unplanned step: for those,
+    ``fallback_random``.)"""
     ex = zoo.build("dropout_mlp", size="tiny")
     twin = copy.deepcopy(ex.model)
     smallest = remat.compile(ex.model, *ex.args, budget="min", example_kwargs=ex.kwargs, calibrate=False)
     store_all = remat.compile(twin, *ex.args, solver="store_all", example_kwargs=ex.kwargs, calibrate=False)
     assert _recomputations(smallest.plan) > 0 and _recomputations(store_all.plan) == 0
+    assert smallest.plan.info["seeded_copies"] > 0  # the backward draws its masks again from the seeds
     _step(smallest, ex, seed=5)
     _step(store_all, _with_model(ex, twin), seed=5)
     _assert_same_grads(ex.model, twin)
@@ -208,6 +211,52 @@ def test_the_fused_graph_hides_inlined_values_and_never_raises_the_store_all_pea
     plan = make_plan(fused.graph, "min", "checkmate")
     expanded = fused.expand(plan)
     assert expanded.graph is capture.graph and expanded.peak_bytes >= plan.peak_bytes
+
+
+def _joint_graph_of(ex):
+    """The joint graph Inductor hands its partitioner for ``ex`` (and the forward's output count)."""
+    captured = {}
+
+    def spy(gm, joint_inputs, *, num_fwd_outputs, **kwargs):
+        captured["joint"] = (copy.deepcopy(gm), num_fwd_outputs)
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+        return min_cut_rematerialization_partition(gm, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+
+    class Spy(torch._inductor.custom_graph_pass.CustomPartitionerFn):
+        __call__ = staticmethod(spy)
+
+        def uuid(self):
+            return None
+
+    compiled = torch.compile(ex.model, dynamic=False, options={"custom_partitioner_fn": Spy(), "fx_graph_cache": False})
+    ex.loss(compiled(*ex.args, **ex.kwargs)).backward()
+    return captured["joint"]
+
+
+def test_each_reader_of_a_seeded_dropout_mask_draws_its_own_copy():
+    """Inductor's seeded random values: the mask the forward and the backward both read becomes one
+    copy per reader, the backward's in the backward, reading the seeds; no mask is left to store."""
+    from remat.fusion import INDUCTOR_RANDOM, draw_random_per_reader
+
+    gm, num_fwd_outputs = _joint_graph_of(zoo.build("dropout_mlp", size="tiny"))
+    draws = [n for n in gm.graph.nodes if str(n.target) == INDUCTOR_RANDOM]
+    shared_before = [n for n in gm.graph.nodes if n.meta.get("val") is not None and n.meta["val"].dtype == torch.bool
+                     and len(n.users) > 1]
+    assert draws and shared_before  # the masks, read in the forward and in the backward
+    copies = draw_random_per_reader(gm)
+    assert copies >= len(draws)
+    capture = capture_joint(gm, num_fwd_outputs)
+    graph = capture.graph
+    redrawn = [node for node in graph.nodes if node.op == INDUCTOR_RANDOM]
+    assert len(redrawn) == 2 * len(draws)
+    assert {node.phase for node in redrawn} == {"forward", "backward"}
+    for node in graph.nodes:  # every value of a seeded chain has one reader now
+        if node.op in (INDUCTOR_RANDOM, "aten.gt.Scalar"):
+            assert all(len(graph.users[v]) <= 1 for v in node.outputs)
+    plan = store_all_plan(fuse(capture).graph)
+    saved = [plan.graph.values[v] for v in plan.simulation.saved]
+    assert not any(v.dtype == str(torch.bool) for v in saved), [v.name for v in saved]
+    assert any("inductor_seeds" in v.name for v in saved)  # the backward draws again from the seeds
 
 
 def test_uuid_covers_what_changes_the_plan_and_the_partitioner_pickles():

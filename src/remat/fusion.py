@@ -78,11 +78,13 @@ import torch.fx as fx
 
 from .capture import Capture
 from .coarsen import graph_of_groups
+from .cost.flops import SEEDED_RANDOM_OPS
 from .graph import ACTIVATION, Graph
 from .plan import COMPUTE, FREE, OFFLOAD, RELOAD, Instruction, Plan
 
 MAX_INLINED_READS = 8  # Inductor's realize_acc_reads_threshold default
 INDUCTOR_RANDOM = "prims.inductor_random.default"  # Inductor's random values (its RNG functionalisation)
+INDUCTOR_SEEDS = "prims.inductor_seeds.default"  # the step's seeds, drawn once from the generator
 
 _aten = torch.ops.aten
 _POINTWISE_EXTRA_NAMES = (
@@ -253,6 +255,76 @@ def addmm_candidates(capture: Capture) -> dict[int, int]:
     return pairs
 
 
+def _seeded(node: fx.Node, memo: dict) -> bool | None:
+    """Whether ``node`` is a pure function of Inductor's seeds (pointwise ops and views over
+    ``inductor_seeds`` and constants); ``True`` when a seeded draw is among them, ``None`` when it
+    is not such a function."""
+    if node in memo:
+        return memo[node]
+    memo[node] = None
+    target = node.target
+    if (node.op != "call_function" or not isinstance(target, torch._ops.OpOverload)
+            or torch.Tag.nondeterministic_seeded in target.tags
+            or not (_is_pointwise(node) or target.is_view)
+            or not isinstance(node.meta.get("val"), torch.Tensor)):
+        return None
+    drawn = str(target) in SEEDED_RANDOM_OPS
+    for arg in node.all_input_nodes:
+        if arg.op == "call_function" and str(arg.target) == INDUCTOR_SEEDS:
+            continue
+        upstream = _seeded(arg, memo)
+        if upstream is None:
+            return None
+        drawn = drawn or upstream
+    memo[node] = drawn
+    return drawn
+
+
+def draw_random_per_reader(gm: fx.GraphModule) -> int:
+    """Give every reader of a value computed from Inductor's seeded random draws its own copy of
+    the draw, placed right before the reader; returns the number of nodes copied.
+
+    With ``config.fallback_random`` off, Inductor replaces each random op by
+    ``inductor_random(shape, seed)``, a pure function of one of the step's seeds. A dropout mask
+    made from it is read twice in the joint graph (the forward's product and the backward's), so
+    the fused graph would store it: 1 byte per element, and on the CPU a bool store Inductor's C++
+    kernels write slowly (about as slow as drawing the numbers again). Copied per reader, each copy
+    has one reader and is computed inside that reader's kernel, from the seeds alone, as Inductor's
+    own partitioner does when it recomputes random ops: the mask never exists, the backward keeps
+    the seeds, and the planner sees each copy's draw as part of its reader's cost. The values are the
+    same (same seed, same offsets), so gradients are unchanged."""
+    graph = gm.graph
+    position = {node: i for i, node in enumerate(graph.nodes)}
+    memo: dict = {}
+    copies = 0
+
+    def copy_for(node: fx.Node, reader: fx.Node) -> fx.Node:
+        nonlocal copies
+        with graph.inserting_before(reader):
+            new = graph.node_copy(node, lambda arg: arg)
+        new.meta = dict(node.meta)
+        copies += 1
+        for arg in new.all_input_nodes:  # an input read elsewhere too gets its own copy as well
+            if _seeded(arg, memo) is not None and len(arg.users) > 1:
+                new.replace_input_with(arg, copy_for(arg, new))
+        memo[new] = memo[node]
+        val = node.meta["val"]
+        with val.fake_mode:  # a value of its own (a shared fake value would make it an alias)
+            args, kwargs = fx.node.map_arg((new.args, new.kwargs), lambda arg: arg.meta["val"])
+            new.meta["val"] = new.target(*args, **kwargs)
+        return new
+
+    for node in reversed(list(graph.nodes)):
+        if not _seeded(node, memo) or len(node.users) < 2 or any(u.op == "output" for u in node.users):
+            continue
+        for reader in sorted(node.users, key=lambda u: position.get(u, len(position)))[1:]:
+            reader.replace_input_with(node, copy_for(node, reader))
+    if copies:
+        graph.lint()
+        gm.recompile()
+    return copies
+
+
 def fusion_groups(capture: Capture) -> list[list[int]]:
     """Groups of op ids, each ``[inlined producers..., consumer]``, in topological order."""
     graph = capture.graph
@@ -304,7 +376,9 @@ def inplace_reuses(capture: Capture, groups: list[list[int]]) -> list[tuple[int,
 
     Inductor writes a kernel's output into the buffer of an input that dies at that kernel when the
     kernel reads the input at exactly the index it writes (``can_inplace``: one access, the same
-    index) and both have the same dtype and, within 5%, the same size. Listed here, conservatively:
+    index) and both have the same dtype and, within 5%, the same size; in a kernel that draws seeded
+    random numbers (a dropout), the first such read is the drawn numbers' own buffer, so a group
+    with a seeded draw hands its output no input's storage. Listed here, conservatively:
     the group's consumer is a pointwise op that Inductor generates, with one output; the input is an
     activation (parameters and user inputs are never reused, tangents are not donated) of the
     output's storage size; every read of it has the output's dtype, shape and strides (the value
@@ -322,6 +396,8 @@ def inplace_reuses(capture: Capture, groups: list[list[int]]) -> list[tuple[int,
             continue
         if not _is_pointwise(out_fx) or not _generated_by_inductor(out_fx):
             continue
+        if any(str(capture.op_node[m].target) in SEEDED_RANDOM_OPS for m in members):
+            continue  # Inductor realises the drawn numbers and writes the output into their buffer
         (o,) = graph.nodes[consumer].outputs
         out_val = capture.value_node[o].meta.get("val")
         if capture.value_node[o] is not out_fx or not isinstance(out_val, torch.Tensor):
@@ -415,4 +491,4 @@ def fuse(capture: Capture) -> Fused:
     return Fused(graph, groups, capture.graph, frozenset(deferred_addmm_adds(capture)))
 
 
-__all__ = ["Fused", "fuse", "fusion_groups", "inplace_reuses", "inplace_conflicts", "inductor_kernels", "addmm_pairs", "addmm_candidates", "deferred_addmm_adds", "MAX_INLINED_READS"]
+__all__ = ["Fused", "fuse", "fusion_groups", "inplace_reuses", "inplace_conflicts", "inductor_kernels", "addmm_pairs", "addmm_candidates", "deferred_addmm_adds", "MAX_INLINED_READS", "draw_random_per_reader"]

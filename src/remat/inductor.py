@@ -85,7 +85,7 @@ from .cache import code_fingerprint, plan_with_cache
 from .capture import capture_joint
 from .cost import INDUCTOR_COST_MODEL, make_cost_fn, make_transfer_meta, make_workspace_fn
 from .errors import InfeasibleBudgetError, MeasuredAboveBudgetWarning, SolverError
-from .fusion import INDUCTOR_RANDOM, Fused, _inlines_its_inputs, fuse
+from .fusion import INDUCTOR_RANDOM, Fused, _inlines_its_inputs, draw_random_per_reader, fuse
 from .lower import lower
 from .plan import COMPUTE
 from .planner import is_min, resolve, uses_swaps
@@ -173,6 +173,7 @@ class RematPartitioner(CustomPartitionerFn):
         install_one_call_per_kernel()
         opts = self.options
         device = _device_of(gm)
+        seeded_copies = draw_random_per_reader(gm)
         capture = capture_joint(
             gm, num_fwd_outputs,
             cost_fn=make_cost_fn(opts.cost_model, device),
@@ -195,6 +196,7 @@ class RematPartitioner(CustomPartitionerFn):
             opts.on_plan(plan, capture)
         expanded = fused.expand(plan)
         graphs = lower(capture, expanded, compiled=True, keep_apart=fused.deferred_adds)
+        plan.info["seeded_copies"] = seeded_copies
         plan.info["stored_masks"] = store_random_masks(graphs, expanded, fused)
         tag_plan_memory(graphs, plan, expanded, fused.members)
         return graphs
