@@ -42,6 +42,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported (by hi
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no compile worker pool: the machine is shared
 
 import argparse  # noqa: E402
+import ctypes  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
@@ -70,6 +71,7 @@ REMAT_FRACTIONS = (1.0, "min")  # --fractions 1.0 0.6 0.4 min for more (each is 
 ROUNDS = 3
 OVERHEAD_LIMIT = 0.10  # "at <= 10% step time over Inductor's default"
 TIGHTEST = 2  # Inductor's tightest points: its non-default points with the smallest measured peaks
+M_MMAP_THRESHOLD, M_TRIM_THRESHOLD = -3, -1  # glibc mallopt parameters (<malloc.h>)
 
 GPT2_QUICK = dict(n_layer=2, n_embd=64, n_head=2, vocab=300, positions=64, batch=2, seq=64)
 QUICK_INDUCTOR_BUDGETS = (1.0,)  # --quick: also no compiled checkpointing and no fractions
@@ -183,6 +185,31 @@ class Point:
     @property
     def r_inductor(self) -> float | None:
         return statistics.median(self.vs_inductor) if self.vs_inductor else None
+
+
+def keep_freed_cpu_memory() -> str:
+    """Have glibc's malloc keep the memory a step frees, as CUDA's caching allocator does; returns
+    what the report says about it.
+
+    By default glibc returns large freed blocks to the OS (``munmap``, or trimming the heap's top),
+    and the next allocation of that size page-faults them in again: time that depends on the
+    allocation pattern, not on the computation. remat's compiled graphs allocate every buffer anew
+    (``allow_buffer_reuse=False``), so they paid most of it, with most of the run-to-run spread
+    (8-layer GPT-2 at a matched 147 MiB, 5 rounds in one process: remat 667-711 ms with glibc's
+    defaults, 647-649 ms without the round trips; Inductor's default 655-690 and 653-672 ms).
+    Peaks are unaffected: they count torch's allocations, not resident memory."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018  (glibc only)
+    except (OSError, AttributeError):
+        return "C library not glibc: its allocator's defaults"
+    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    mmap_ok = libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)  # blocks below 32 MiB (glibc's maximum) from the heap
+    trim_ok = libc.mallopt(M_TRIM_THRESHOLD, (1 << 31) - 1)  # and the heap never trimmed
+    if mmap_ok != 1 or trim_ok != 1:
+        return "glibc's defaults (mallopt refused)"
+    return ("glibc's malloc keeps freed memory in the process (`M_MMAP_THRESHOLD` 32 MiB, no trimming), as CUDA's "
+            "caching allocator does, for every method alike; `--system-malloc` keeps glibc's defaults")
 
 
 def sync(device: str) -> None:
@@ -490,7 +517,7 @@ def report(results: list[dict], args, revision: str, elapsed: float, argv: list[
         "# remat + Inductor against Inductor, eager PyTorch and per-block checkpointing",
         "",
         f"Made by `{' '.join(['benchmarks/inductor.py', *argv])}` on {machine_facts()}, device {args.device}, "
-        f"remat at commit {revision}. Total run time {elapsed / 60:.1f} min.",
+        f"remat at commit {revision}. Total run time {elapsed / 60:.1f} min. CPU memory: {getattr(args, 'malloc', '-')}.",
         "",
         __doc__.split("\n\n", 2)[2].strip().replace("``", "`"),
         "",
@@ -521,7 +548,7 @@ def report(results: list[dict], args, revision: str, elapsed: float, argv: list[
         ".venv/bin/python benchmarks/inductor.py --quick    # tiny models, fewer points, 1 round; writes nothing",
         "```",
         "Options: `--rounds R` (timing rounds, default 3), `--device cuda` (on a GPU: peaks from the CUDA "
-        "allocator), `--models gpt2 resnet18`. One torch thread and one Inductor compile thread "
+        "allocator), `--models gpt2 resnet18`, `--system-malloc`. One torch thread and one Inductor compile thread "
         "(`OMP_NUM_THREADS=1`, `TORCHINDUCTOR_COMPILE_THREADS=1`) unless set otherwise in the environment.",
         "",
     ]
@@ -535,7 +562,7 @@ def fraction(text: str):
 _SKIP = ("model", "step")
 
 
-def save(results: list[dict], path: str, revision: str = "", elapsed: float = 0.0) -> None:
+def save(results: list[dict], path: str, revision: str = "", elapsed: float = 0.0, malloc: str = "-") -> None:
     """The measurements (no modules) as JSON, so the report can be rewritten with --load."""
     def enc(v):
         if isinstance(v, Point):
@@ -545,7 +572,7 @@ def save(results: list[dict], path: str, revision: str = "", elapsed: float = 0.
         return v
 
     data = {"results": [{k: enc(v) for k, v in r.items()} for r in results], "revision": revision,
-            "elapsed": elapsed, "argv": sys.argv[1:], "machine": machine_facts()}
+            "elapsed": elapsed, "argv": sys.argv[1:], "machine": machine_facts(), "malloc": malloc}
     Path(path).write_text(json.dumps(data))
 
 
@@ -569,6 +596,8 @@ def main() -> None:
     ap.add_argument("--fractions", nargs="+", default=list(REMAT_FRACTIONS), type=fraction)
     ap.add_argument("--save", help="also write the measurements as JSON here (after each model)")
     ap.add_argument("--load", help="write the report from a --save file instead of measuring")
+    ap.add_argument("--system-malloc", action="store_true",
+                    help="keep glibc's malloc defaults (freed large blocks go back to the OS) on the CPU")
     ap.add_argument("--out", help="the report's path (default: inductor.md beside this script, "
                                   "inductor_cuda.md for --device cuda)")
     args = ap.parse_args()
@@ -576,10 +605,15 @@ def main() -> None:
         "inductor_cuda.md" if args.device.startswith("cuda") else "inductor.md")
     if args.load:
         saved = json.loads(Path(args.load).read_text())
+        args.malloc = saved.get("malloc", "-")
         text = report(load(saved["results"]), args, saved["revision"], saved["elapsed"], saved["argv"])
         out.write_text(text)
         print(text)
         return
+    if args.device != "cpu":
+        args.malloc = "the device's caching allocator"
+    else:
+        args.malloc = "glibc's defaults (`--system-malloc`)" if args.system_malloc else keep_freed_cpu_memory()
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     warnings.filterwarnings("ignore", category=FutureWarning)
     if args.quick:
@@ -589,11 +623,11 @@ def main() -> None:
     for name in args.models:
         results.append(bench_model(name, args.quick, args.device, args.rounds, args.fractions))
         if args.save:
-            save(results, args.save)
+            save(results, args.save, malloc=args.malloc)
         gc.collect()
     elapsed = time.perf_counter() - start
     if args.save:
-        save(results, args.save, revision, elapsed)
+        save(results, args.save, revision, elapsed, args.malloc)
     text = report(results, args, revision, elapsed, sys.argv[1:])
     print(text)
     if not args.quick:
