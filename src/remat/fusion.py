@@ -59,9 +59,14 @@ What Inductor's scheduler does beyond this model, seen in its generated code (``
   (allocations before, frees after); remat has it call each kernel on its own
   (:func:`remat.inductor.install_one_call_per_kernel`);
 * it inlines a value by the readers of the *lowered* graph, where a recomputed copy can have one
-  reader though the joint graph's value had several; for a dropout mask that puts the random values
-  in the reader's kernel as its output's in-place target, so remat has Inductor store such a copy
-  (:func:`remat.inductor.store_random_masks`).
+  reader though the joint graph's value had several; for a value computed from drawn random numbers
+  that puts the numbers in the reader's kernel as its output's in-place target, so remat has
+  Inductor store such a copy (:func:`remat.inductor.store_random_masks`).
+
+One rewrite of the joint graph comes before all this (:func:`draw_random_per_reader`): a value
+computed from Inductor's seeded random numbers alone (a dropout mask) gets one copy per reader, so
+that each reader draws the numbers again inside its own kernel, as Inductor's own partitioner does
+where it recomputes random ops; no mask is ever stored, and the backward keeps the step's seeds.
 
 :func:`remat.inductor.calibrate` measures the compiled step and re-plans when the peak is above
 the budget.

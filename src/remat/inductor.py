@@ -39,8 +39,11 @@ step's memory:
 * and on the CPU each generated kernel is called on its own (:func:`install_one_call_per_kernel`):
   the C++ backend would call all kernels between two extern kernels as one function, holding all
   their outputs and all their dying inputs at once;
-* in the lowered graphs, a copy of a dropout mask the fused graph stores is stored also where the
-  copy has a single reader, which Inductor would compute it inside (:func:`store_random_masks`).
+* Inductor's seeded random numbers (its replacement of dropout's draws) are drawn again inside
+  each reader (:func:`remat.fusion.draw_random_per_reader`), so no dropout mask is stored; and in
+  the lowered graphs, a copy of a value computed from drawn numbers that the fused graph stores is
+  stored also where the copy has a single reader, which Inductor would compute it inside
+  (:func:`store_random_masks`).
 
 What stays on: Inductor writes a kernel's output into the storage of an input that dies there
 (``config.inplace_buffers``); the fused graph lists where it can (:func:`remat.fusion.inplace_reuses`)
@@ -298,22 +301,22 @@ def _readers_through_views(node: torch.fx.Node) -> list[torch.fx.Node]:
 
 
 def store_random_masks(graphs, expanded, fused: Fused) -> int:
-    """Make Inductor store the random masks the fused graph stores; returns how many copies it
-    would have computed inside their reader.
+    """Make Inductor store the values computed from drawn random numbers that the fused graph
+    stores; returns how many copies it would have computed inside their reader.
 
     Inductor stores random values (its lowering of ``inductor_random`` realises them) and removes
     them again when the kernel reading them is their only reader, fused with them; the fused graph
-    counts them that way, inlined into the comparison that makes a dropout mask, and stores the mask
-    where the joint graph reads it twice (forward and backward). A copy of the mask in the lowered
-    graphs can have one reader, the dropout's product: Inductor then computes the mask inside that
-    kernel, which reads the random values themselves, the same size as its output, and writes its
-    output into them (the first dying input of the output's size it reads) instead of into the
-    dying input the plan hands it. So the random values stay allocated beside that input: on the
-    8-layer GPT-2 of ``benchmarks/inductor.py`` at ``budget="min"``, 1.8% above the plan. Such a copy
-    -- a value the fused graph stores, computed from inlined random values, read (through views) by
-    one op that would inline it -- is passed through ``prims.inductor_force_stride_order`` with its
-    own strides, which Inductor lowers to a stored buffer (values unchanged). What was tried instead,
-    and what the stored masks cost in step time, is in ``docs/design.md`` (Known gaps)."""
+    counts them that way, inlined into their reader (a dropout's product), and stores that value
+    where the joint graph reads it twice. A recomputed copy of it in the lowered graphs can have
+    one reader: Inductor then computes it inside that kernel, which reads the random values
+    themselves, the same size as its output, and writes its output into them (the first dying input
+    of the output's size it reads) instead of into the dying input the plan hands it. So the random
+    values stay allocated beside that input (on the 8-layer GPT-2 of ``benchmarks/inductor.py`` at
+    ``budget="min"``, when its masks were stored, 1.8% above the plan). Such a copy -- a value the
+    fused graph stores, computed from inlined random values, read (through views) by one op that
+    would inline it -- is passed through ``prims.inductor_force_stride_order`` with its own strides,
+    which Inductor lowers to a stored buffer (values unchanged). What was tried instead is in
+    ``docs/design.md`` (Known gaps)."""
     original = fused.original.nodes
     masks = {members[-1] for members in fused.members  # each group's consumer: its outputs are stored
              if any(original[m].op == INDUCTOR_RANDOM for m in members[:-1])}
