@@ -260,29 +260,22 @@ def addmm_candidates(capture: Capture) -> dict[int, int]:
     return pairs
 
 
-def _seeded(node: fx.Node, memo: dict) -> bool | None:
-    """Whether ``node`` is a pure function of Inductor's seeds (pointwise ops and views over
-    ``inductor_seeds`` and constants); ``True`` when a seeded draw is among them, ``None`` when it
-    is not such a function."""
-    if node in memo:
-        return memo[node]
-    memo[node] = None
-    target = node.target
-    if (node.op != "call_function" or not isinstance(target, torch._ops.OpOverload)
-            or torch.Tag.nondeterministic_seeded in target.tags
-            or not (_is_pointwise(node) or target.is_view)
-            or not isinstance(node.meta.get("val"), torch.Tensor)):
-        return None
-    drawn = str(target) in SEEDED_RANDOM_OPS
-    for arg in node.all_input_nodes:
-        if arg.op == "call_function" and str(arg.target) == INDUCTOR_SEEDS:
+def _seeded_values(graph: fx.Graph) -> dict[fx.Node, bool]:
+    """The nodes that are pure functions of Inductor's seeds (pointwise ops and views over
+    ``inductor_seeds`` and constants), each with whether a seeded draw is among them."""
+    seeded: dict[fx.Node, bool] = {}
+    for node in graph.nodes:  # topological order: a node's inputs are judged before it
+        target = node.target
+        if (node.op != "call_function" or not isinstance(target, torch._ops.OpOverload)
+                or torch.Tag.nondeterministic_seeded in target.tags
+                or not (_is_pointwise(node) or target.is_view)
+                or not isinstance(node.meta.get("val"), torch.Tensor)):
             continue
-        upstream = _seeded(arg, memo)
-        if upstream is None:
-            return None
-        drawn = drawn or upstream
-    memo[node] = drawn
-    return drawn
+        inputs = [arg for arg in node.all_input_nodes
+                  if not (arg.op == "call_function" and str(arg.target) == INDUCTOR_SEEDS)]
+        if all(arg in seeded for arg in inputs):
+            seeded[node] = str(target) in SEEDED_RANDOM_OPS or any(seeded[arg] for arg in inputs)
+    return seeded
 
 
 def draw_random_per_reader(gm: fx.GraphModule) -> int:
@@ -300,7 +293,7 @@ def draw_random_per_reader(gm: fx.GraphModule) -> int:
     same (same seed, same offsets), so gradients are unchanged."""
     graph = gm.graph
     position = {node: i for i, node in enumerate(graph.nodes)}
-    memo: dict = {}
+    seeded = _seeded_values(graph)
     copies = 0
 
     def copy_for(node: fx.Node, reader: fx.Node) -> fx.Node:
@@ -310,9 +303,9 @@ def draw_random_per_reader(gm: fx.GraphModule) -> int:
         new.meta = dict(node.meta)
         copies += 1
         for arg in new.all_input_nodes:  # an input read elsewhere too gets its own copy as well
-            if _seeded(arg, memo) is not None and len(arg.users) > 1:
+            if arg in seeded and len(arg.users) > 1:
                 new.replace_input_with(arg, copy_for(arg, new))
-        memo[new] = memo[node]
+        seeded[new] = seeded[node]
         val = node.meta["val"]
         with val.fake_mode:  # a value of its own (a shared fake value would make it an alias)
             args, kwargs = fx.node.map_arg((new.args, new.kwargs), lambda arg: arg.meta["val"])
@@ -320,7 +313,7 @@ def draw_random_per_reader(gm: fx.GraphModule) -> int:
         return new
 
     for node in reversed(list(graph.nodes)):
-        if not _seeded(node, memo) or len(node.users) < 2 or any(u.op == "output" for u in node.users):
+        if not seeded.get(node) or len(node.users) < 2 or any(u.op == "output" for u in node.users):
             continue
         for reader in sorted(node.users, key=lambda u: position.get(u, len(position)))[1:]:
             reader.replace_input_with(node, copy_for(node, reader))
