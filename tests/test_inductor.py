@@ -186,33 +186,6 @@ def test_input_mutations_kept_in_the_graph_are_written_back_once(solver):
     _assert_same_grads(ex.model, reference, rtol=1e-4, atol=1e-5)
 
 
-def test_the_fused_graph_hides_inlined_values_and_never_raises_the_store_all_peak():
-    ex = zoo.build("mlp", size="tiny")
-    captured = {}
-
-    def spy(gm, joint_inputs, *, num_fwd_outputs, **kwargs):
-        captured["capture"] = capture_joint(gm, num_fwd_outputs)
-        from torch._functorch.partitioners import min_cut_rematerialization_partition
-        return min_cut_rematerialization_partition(gm, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
-
-    class Spy(torch._inductor.custom_graph_pass.CustomPartitionerFn):
-        __call__ = staticmethod(spy)
-
-        def uuid(self):
-            return None
-
-    compiled = torch.compile(ex.model, dynamic=False, options={"custom_partitioner_fn": Spy(), "fx_graph_cache": False})
-    ex.loss(compiled(*ex.args, **ex.kwargs)).backward()
-    capture = captured["capture"]
-    fused = fuse(capture)
-    assert len(fused.graph.nodes) < len(capture.graph.nodes)
-    assert sorted(n for members in fused.members for n in members) == list(range(len(capture.graph.nodes)))
-    assert store_all_plan(fused.graph).peak_bytes <= store_all_plan(capture.graph).peak_bytes
-    plan = make_plan(fused.graph, "min", "checkmate")
-    expanded = fused.expand(plan)
-    assert expanded.graph is capture.graph and expanded.peak_bytes >= plan.peak_bytes
-
-
 def _joint_graph_of(ex):
     """The joint graph Inductor hands its partitioner for ``ex`` (and the forward's output count)."""
     captured = {}
@@ -231,6 +204,17 @@ def _joint_graph_of(ex):
     compiled = torch.compile(ex.model, dynamic=False, options={"custom_partitioner_fn": Spy(), "fx_graph_cache": False})
     ex.loss(compiled(*ex.args, **ex.kwargs)).backward()
     return captured["joint"]
+
+
+def test_the_fused_graph_hides_inlined_values_and_never_raises_the_store_all_peak():
+    capture = capture_joint(*_joint_graph_of(zoo.build("mlp", size="tiny")))
+    fused = fuse(capture)
+    assert len(fused.graph.nodes) < len(capture.graph.nodes)
+    assert sorted(n for members in fused.members for n in members) == list(range(len(capture.graph.nodes)))
+    assert store_all_plan(fused.graph).peak_bytes <= store_all_plan(capture.graph).peak_bytes
+    plan = make_plan(fused.graph, "min", "checkmate")
+    expanded = fused.expand(plan)
+    assert expanded.graph is capture.graph and expanded.peak_bytes >= plan.peak_bytes
 
 
 def test_each_reader_of_a_seeded_dropout_mask_draws_its_own_copy():
