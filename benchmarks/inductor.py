@@ -195,8 +195,8 @@ def keep_freed_cpu_memory() -> str:
     and the next allocation of that size page-faults them in again: time that depends on the
     allocation pattern, not on the computation. remat's compiled graphs allocate every buffer anew
     (``allow_buffer_reuse=False``), so they paid most of it, with most of the run-to-run spread
-    (8-layer GPT-2 at a matched 147 MiB, 5 rounds in one process: remat 667-711 ms with glibc's
-    defaults, 647-649 ms without the round trips; Inductor's default 655-690 and 653-672 ms).
+    (8-layer GPT-2 at a matched 147 MiB, 5 rounds in each of two processes: remat 654-666 ms a step
+    with glibc's defaults, 650-653 ms with trimming off; Inductor's default 660-680 and 656-674 ms).
     Peaks are unaffected: they count torch's allocations, not resident memory."""
     try:
         libc = ctypes.CDLL(None)
