@@ -116,7 +116,7 @@ def test_transformer_layers_are_separate_blocks_and_share_a_class():
     assert keys[big[0]] == keys[big[2]] and keys[big[1]] == keys[big[3]] and keys[big[0]] != keys[big[1]]
 
 
-def test_rotor_refuses_a_graph_that_is_one_big_block():
+def _long_skip():
     """A skip connection from the first layer to the last: no cut inside the ten layers."""
     b = GraphBuilder("long_skip")
     x = b.input("x", 10)
@@ -133,11 +133,28 @@ def test_rotor_refuses_a_graph_that_is_one_big_block():
     for k in reversed(range(10)):
         (grad,) = b.op(f"b{k}", [grad, acts[k]], [100], phase=BACKWARD)
     (gw,) = b.op("first_bwd", [grad, x], [10], phase=BACKWARD)
-    g = b.build(forward_outputs=[loss], backward_outputs=[gw])
+    return b.build(forward_outputs=[loss], backward_outputs=[gw])
+
+
+def test_rotor_refuses_a_graph_that_is_one_big_block():
+    g = _long_skip()
     with pytest.raises(SolverError, match="mostly one block: 11 of its 13 ops.*checkmate"):
         solve("rotor", g, 10**6)
     plan = solve("hierarchical", g, 10**6)  # falls back to the MILP
     assert "checkmate" in plan.info["fallback"] and plan.fits()
+
+
+def test_a_budget_below_every_plan_names_the_minimum_when_a_solver_does_not_apply():
+    """``auto``'s fallbacks include rotor, which refuses this graph: the error still names the
+    smallest budget (it raised a KeyError once, from the refused solver's missing minimum)."""
+    from remat.planner import clear_caches, make_plan, solver_minimum
+
+    clear_caches()
+    g = _long_skip()
+    assert solver_minimum(g, "rotor") is None
+    with pytest.raises(remat.InfeasibleBudgetError) as err:
+        make_plan(g, 1, "auto")
+    assert err.value.min_budget_bytes == make_plan(g, "min", "auto").peak_bytes
 
 
 # ---------------------------------------------------------------------------------- optimality

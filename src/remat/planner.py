@@ -294,9 +294,9 @@ def _infeasible(graph: Graph, budget_bytes: int, smallest: Plan, solver: str, fr
     n = len(graph.planning_key)
     minima: dict[str, int] = {}  # each solver's own minimum, where it is known
     for k in _MINIMUM_KNOWN:
-        if k[:n] == graph.planning_key:
-            peak = _SMALLEST[k].peak_bytes
-            minima[k[n]] = min(minima.get(k[n], peak), peak)
+        known = _SMALLEST.get(k)  # None for a solver that does not apply to this graph
+        if known is not None and k[:n] == graph.planning_key:
+            minima[k[n]] = min(minima.get(k[n], known.peak_bytes), known.peak_bytes)
     by_peak: dict[int, list[str]] = {}
     for name, peak in sorted(minima.items()):
         by_peak.setdefault(peak, []).append(name)
