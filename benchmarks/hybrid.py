@@ -249,18 +249,25 @@ def best_try(result, method):
 # the run
 
 
-def model_run(name: str, size: str, rounds: int, cap: str, start: int) -> dict:
-    log(f"{name} ({size}): capture, store_all")
-    torch.manual_seed(0)
-    ex = zoo.build(name, size=size)
-    model = ex.model.train()
+def captured(label: str, model, args: tuple, kwargs: dict):
+    """``(store_all module, capture seconds)``: ``model`` captured with the store-everything plan."""
+    log(f"{label}: capture, store_all")
     t = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        store_mod = remat.optimize(model, *ex.args, solver="store_all", cache=False, **ex.kwargs)
+        store_mod = remat.optimize(model, *args, solver="store_all", cache=False, **kwargs)
     capture_s = time.perf_counter() - t
     graph = store_mod.plan.graph
     log(f"  {len(graph.nodes)} nodes, store_all {mib(store_mod.plan.peak_bytes)} MiB, capture {capture_s:.1f} s")
+    return store_mod, capture_s
+
+
+def model_run(name: str, size: str, rounds: int, cap: str, start: int) -> dict:
+    torch.manual_seed(0)
+    ex = zoo.build(name, size=size)
+    model = ex.model.train()
+    store_mod, capture_s = captured(f"{name} ({size})", model, ex.args, ex.kwargs)
+    graph = store_mod.plan.graph
     mins = minimums(graph)
     ex_run = executed(name, size, mins, store_mod, model, ex, rounds)
     batches = batch_searches(name, size, cap, start)
@@ -272,15 +279,9 @@ def deep_run() -> dict:
     """Section 1 (smallest budgets) on the 8-layer GPT-2 of ``benchmarks/hierarchical.py``."""
     import hierarchical  # this folder is on the path
 
-    log(f"{DEEP}: capture, store_all")
     model, args, kwargs = hierarchical.build(hierarchical.SMALL)
-    t = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        store_mod = remat.optimize(model, *args, solver="store_all", cache=False, **kwargs)
-    capture_s = time.perf_counter() - t
+    store_mod, capture_s = captured(DEEP, model, args, kwargs)
     graph = store_mod.plan.graph
-    log(f"  {len(graph.nodes)} nodes, store_all {mib(store_mod.plan.peak_bytes)} MiB, capture {capture_s:.1f} s")
     return dict(name=DEEP, graph=graph, capture_s=capture_s, mins=minimums(graph), floor=op_floor(graph),
                 store=store_mod.plan.peak_bytes, fixed=fixed_bytes(graph))
 
