@@ -10,20 +10,23 @@ import torch.nn.functional as F
 from torch._functorch.partitioners import default_partition
 
 from remat.capture import capture_joint
-from remat.fusion import addmm_pairs, fuse, fusion_groups
+from remat.cost.flops import node_flops
+from remat.cost.inductor import InductorCostModel
+from remat.cost.machine import Roofline
+from remat.fusion import _generated_by_inductor, addmm_pairs, fuse, fusion_groups
 
 from .models.helpers import without_codegen
 
 WORKSPACE = 1000  # bytes every op is said to need besides its inputs and outputs
 
 
-def _capture(model, *args):
+def _capture(model, *args, cost_fn=None):
     """The Capture of ``model(*args)``'s joint graph with Inductor's decompositions, as Inductor's
-    partitioner sees it, every op given WORKSPACE bytes of workspace."""
+    partitioner sees it, every op given WORKSPACE bytes of workspace (and ``cost_fn``'s costs)."""
     got = {}
 
     def partition(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
-        got["capture"] = capture_joint(joint, num_fwd_outputs, workspace_fn=lambda node: WORKSPACE)
+        got["capture"] = capture_joint(joint, num_fwd_outputs, cost_fn=cost_fn, workspace_fn=lambda node: WORKSPACE)
         return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
 
     without_codegen(model, partition)(*args)
@@ -80,6 +83,33 @@ def test_ops_inductor_generates_have_no_workspace_extern_kernels_keep_theirs():
     for node, members in zip(fused.graph.nodes, fused.members):
         calls_extern = any(_op(capture, m) in extern for m in members)
         assert node.workspace == (WORKSPACE if calls_extern else 0), [str(_op(capture, m)) for m in members]
+
+
+def test_inductor_costs_price_a_generated_chain_as_one_kernel_and_extern_kernels_by_profile():
+    """cost_model="inductor": an extern kernel costs what the profile times (here a stub), a group of
+    generated ops one roofline kernel over its own inputs and outputs, less than its ops apart."""
+    roofline = Roofline(flops_per_second=1e9, bytes_per_second=1e8, op_overhead_seconds=1e-5,
+                        device_name="test", random_elements_per_second=1e8)
+    costs = InductorCostModel("cpu", roofline=roofline)
+    costs.extern.node_seconds = lambda node: 0.042  # what the profile would measure
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(approximate="tanh"), nn.Linear(64, 8))
+    capture = _capture(model, torch.randn(16, 32), cost_fn=costs.node_seconds)
+    summed = fuse(capture)
+    kernels = fuse(capture, kernel_seconds=costs.kernel_seconds)
+    chains = 0
+    for node, as_kernel, members in zip(summed.graph.nodes, kernels.graph.nodes, kernels.members):
+        ops = [capture.op_node[m] for m in members]
+        if not all(_generated_by_inductor(op) for op in ops):
+            assert as_kernel.cost == node.cost, "a group with an extern kernel keeps the sum of its ops' costs"
+            externs = [op for op in ops if not _generated_by_inductor(op)]
+            assert node.cost >= 0.042 * len(externs), [str(op.target) for op in externs]
+            continue
+        nbytes = sum(kernels.graph.values[v].bytes for v in (*as_kernel.inputs, *as_kernel.outputs))
+        assert as_kernel.cost == pytest.approx(roofline.seconds(sum(node_flops(op) for op in ops), nbytes))
+        if len(ops) > 2:
+            chains += 1
+            assert as_kernel.cost < node.cost, "one kernel: no intermediate moves bytes, one overhead"
+    assert chains, "GELU's forward and backward are chains of several generated ops"
 
 
 def test_a_random_op_keeps_its_workspace_it_runs_as_eagers_op():

@@ -292,8 +292,9 @@ def optimize(
     see :mod:`remat.inductor`), and, with ``calibrate``, runs the compiled step once on copies of the
     example inputs and re-plans while its measured peak is above the budget; ``compile_kwargs``
     (``fullgraph``, ``dynamic``, ...) pass to ``torch.compile``. ``cost_model`` (see :mod:`remat.cost`)
-    defaults to ``"profile"``, and to ``"flops"`` with ``compiler="inductor"``, whose kernels are
-    Inductor's own rather than the ATen kernels a profile times.
+    defaults to ``"profile"``, and to ``"inductor"`` with ``compiler="inductor"``: Inductor's generated
+    kernels are its own code rather than the ATen kernels a profile times, so they are costed by the
+    roofline, a fused group as one kernel (:mod:`remat.cost.inductor`).
     """
     _warn_if_not_training(model)
     if not torch.is_grad_enabled():

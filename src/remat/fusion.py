@@ -77,6 +77,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.fx as fx
@@ -467,14 +468,34 @@ def inductor_kernels(capture: Capture, groups: list[list[int]]) -> list[int]:
     return [g for g, members in enumerate(groups) if _generated_by_inductor(capture.op_node[members[-1]])]
 
 
-def fuse(capture: Capture) -> Fused:
+def _costed_as_kernels(capture: Capture, groups: list[list[int]], graph: Graph,
+                       kernel_seconds: Callable[[list[fx.Node], int], float]) -> Graph:
+    """``graph`` with each node whose ops Inductor all generates costed as one kernel."""
+    nodes = list(graph.nodes)
+    for g, members in enumerate(groups):
+        ops = [capture.op_node[m] for m in members]
+        if not all(_generated_by_inductor(op) for op in ops):
+            continue  # an extern kernel (or a fallback) keeps its own, profiled, cost
+        node = nodes[g]
+        nbytes = sum(graph.values[v].bytes for v in (*node.inputs, *node.outputs))
+        nodes[g] = dataclasses.replace(node, cost=min(node.cost, kernel_seconds(ops, nbytes)))
+    return dataclasses.replace(graph, nodes=tuple(nodes))
+
+
+def fuse(capture: Capture, kernel_seconds: Callable[[list[fx.Node], int], float] | None = None) -> Fused:
     """The fused graph of ``capture`` (see the module docstring), with ``meta["inplace_reuse"]``:
     ``[node, input value, output value]`` triples of :func:`inplace_reuses` in the fused graph's ids;
     ``meta["inplace_conflicts"]`` (:func:`inplace_conflicts`) and ``meta["inductor_kernels"]``
-    (:func:`inductor_kernels`) let the simulator tell where Inductor refuses them."""
+    (:func:`inductor_kernels`) let the simulator tell where Inductor refuses them.
+
+    A fused node costs the sum of its ops' costs, or, given ``kernel_seconds(ops, nbytes)``
+    (:meth:`remat.cost.inductor.InductorCostModel.kernel_seconds`), a node whose ops Inductor all
+    generates costs one kernel reading its inputs and writing its outputs (``nbytes`` in all)."""
     groups = fusion_groups(capture)
     graph = graph_of_groups(capture.graph, groups, name=f"{capture.graph.name} (fused)",
                             workspace_of=_workspace_of(capture))
+    if kernel_seconds is not None:
+        graph = _costed_as_kernels(capture, groups, graph, kernel_seconds)
     fused_id = {value.name: value.id for value in graph.values}
     names = capture.graph.values
     found = inplace_reuses(capture, groups)

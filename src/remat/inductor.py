@@ -87,6 +87,7 @@ from .backend import BackendOptions, _device_of
 from .cache import code_fingerprint, plan_with_cache
 from .capture import capture_joint
 from .cost import INDUCTOR_COST_MODEL, make_cost_fn, make_transfer_meta, make_workspace_fn
+from .cost.inductor import InductorCostModel
 from .errors import InfeasibleBudgetError, MeasuredAboveBudgetWarning, SolverError
 from .fusion import INDUCTOR_RANDOM, Fused, _inlines_its_inputs, draw_random_per_reader, fuse
 from .lower import lower
@@ -177,13 +178,14 @@ class RematPartitioner(CustomPartitionerFn):
         opts = self.options
         device = _device_of(gm)
         seeded_copies = draw_random_per_reader(gm)
+        costs = InductorCostModel(device) if opts.cost_model == "inductor" else None
         capture = capture_joint(
             gm, num_fwd_outputs,
-            cost_fn=make_cost_fn(opts.cost_model, device),
+            cost_fn=costs.node_seconds if costs else make_cost_fn(opts.cost_model, device),
             workspace_fn=make_workspace_fn(opts.workspace),
             transfer=compiled_transfer_meta(device) if opts.solver in OFFLOADING_SOLVERS else None,
         )
-        fused = fuse(capture)
+        fused = fuse(capture, kernel_seconds=costs.kernel_seconds if costs else None)
         if opts.solver == "auto" and is_min(opts.budget):  # the smallest peak, offloading included
             fused = with_transfer_costs(fused, compiled_transfer_meta(device))
         try:

@@ -3,8 +3,12 @@
 * ``"profile"`` (:data:`DEFAULT_COST_MODEL`) — measured: each distinct op signature timed on the
   real device, median of several runs, cached on disk (:mod:`remat.cost.profile`).
 * ``"flops"`` — analytic roofline: FLOPs and bytes moved against the machine's measured peak rate
-  and bandwidth (:mod:`remat.cost.flops`); no op is run. The default of :func:`remat.compile`,
-  whose fused kernels are Inductor's own code, not the ATen kernels a profile would time.
+  and bandwidth (:mod:`remat.cost.flops`); no op is run.
+* ``"inductor"`` (:data:`INDUCTOR_COST_MODEL`, the default of :func:`remat.compile`) — the two kinds
+  of kernels of a compiled step: extern kernels (``mm``, convolutions) profiled, since Inductor calls
+  the ATen kernel a profile times, and the loops Inductor generates by the roofline, a fused group
+  of them as one kernel (:mod:`remat.cost.inductor`). Meant for :func:`remat.compile`: an eager step
+  runs every op on its own, as ``"profile"`` times it.
 * ``"unit"`` — every op costs 1 (for tests and for comparing with papers that used it).
 * a callable ``fx_node -> seconds``.
 
@@ -25,8 +29,9 @@ from ..errors import RematError
 # longer than its bytes say, so on ResNet-18 a plan predicted at +1.1% measured +15.6% over
 # store_all; planned on profiled costs, +4.4% predicted and +0.3% measured (GPT-2: no difference).
 DEFAULT_COST_MODEL = "profile"
-# Inductor's fused kernels are its own code, not the ATen kernels a profile times
-INDUCTOR_COST_MODEL = "flops"
+# Inductor's generated kernels are its own code, not the ATen kernels a profile times; its extern
+# kernels are those very kernels (remat.cost.inductor)
+INDUCTOR_COST_MODEL = "inductor"
 
 
 def make_cost_fn(cost_model, device: torch.device | str = "cpu") -> Callable[[fx.Node], float]:
@@ -42,7 +47,12 @@ def make_cost_fn(cost_model, device: torch.device | str = "cpu") -> Callable[[fx
         from .profile import ProfileCostModel
 
         return ProfileCostModel(device=device).node_seconds
-    raise RematError(f"unknown cost_model {cost_model!r}; use 'flops', 'profile', 'unit' or a callable fx_node -> seconds")
+    if cost_model == "inductor":
+        from .inductor import InductorCostModel
+
+        return InductorCostModel(device=device).node_seconds
+    raise RematError(f"unknown cost_model {cost_model!r}; use 'flops', 'profile', 'inductor', 'unit' or a callable "
+                     "fx_node -> seconds")
 
 
 def make_workspace_fn(workspace) -> Callable[[fx.Node], int] | None:
