@@ -1,15 +1,20 @@
-"""The keep-set model (block menus with the peak unbounded) is exact: it matches the Checkmate MILP."""
+"""The keep-set model (block menus with the peak unbounded) is exact: it matches the Checkmate MILP; the
+``keep_set`` solver built on it, alone and as one of ``auto``'s solvers."""
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import remat
+from remat.errors import SolverError
 from remat.plan import Plan
+from remat.planner import make_plan
 from remat.solvers import solve
 from remat.solvers.checkmate import solve_milp
 from remat.solvers.checkmate_model import value_roles
-from remat.solvers.keep_set import KeepSetModel
+from remat.solvers.keep_set import KeepSetModel, keep_set_planner
 
+from .models.helpers import assert_bitwise, fresh, optimized, run_step
 from .test_checkmate import random_training_graph
 from .test_plan import chain
 
@@ -47,3 +52,37 @@ def test_keep_set_on_a_chain_trades_saved_bytes_for_recomputation():
     costs = [p.compute_seconds for p in plans]
     assert costs[0] == pytest.approx(g.store_all_seconds)  # everything kept: nothing recomputed
     assert costs[0] < costs[1] < costs[2]
+
+
+def test_keep_set_solver_returns_the_cheapest_fitting_plan_of_the_save_budgets_it_tried():
+    g = chain(n=8, size=100)
+    store_all = solve("store_all", g, None)
+    assert solve("keep_set", g, None).compute_seconds == pytest.approx(store_all.compute_seconds)
+    smallest = solve("keep_set", g, 0)  # nothing fits: the smallest peak
+    budget = (smallest.peak_bytes + store_all.peak_bytes) // 2
+    plan = solve("keep_set", g, budget)
+    assert plan.solver == "keep_set" and plan.peak_bytes <= budget < store_all.peak_bytes
+    tried = [p for plans in keep_set_planner(g)._plans.values() for p in plans]
+    assert len(tried) > 2 * 21 // 2, "a grid of save budgets, plain and lean schedules, then bisection"
+    assert min(p.compute_seconds for p in tried if p.peak_bytes <= budget) == plan.compute_seconds
+    assert smallest.peak_bytes == min(p.peak_bytes for p in tried)
+    with pytest.raises(SolverError, match="keep_set takes no options"):
+        solve("keep_set", g, budget, gap=0.1)
+
+
+def test_auto_also_runs_keep_set_where_it_runs_the_hierarchical_planner():
+    g = chain(n=60, size=100)  # more ops than auto's MILP takes: the hierarchical planner's graph
+    budget = solve("store_all", g, None).peak_bytes * 6 // 10
+    plan = make_plan(g, budget)
+    assert "hierarchical" in plan.info["chosen by"] and "keep_set" in plan.info["chosen by"]
+    assert plan.peak_bytes <= budget
+    for name in ("hierarchical", "keep_set"):
+        assert plan.compute_seconds <= solve(name, g, budget).compute_seconds + 1e-12
+
+
+def test_a_keep_set_plan_runs_with_the_unplanned_steps_gradients_bitwise():
+    ex = fresh("resnet18")  # batch norm: its statistics updated once
+    ref = run_step(ex, optimized(fresh("resnet18"), solver="store_all"))
+    module = optimized(ex, solver="keep_set", budget=0.7)
+    assert module.plan.solver == "keep_set" and module.plan.recomputations > 0
+    assert_bitwise(run_step(ex, module), ref)

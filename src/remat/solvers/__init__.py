@@ -55,4 +55,4 @@ def solve(name: str, graph: Graph, budget_bytes: int | None, *, time_limit: floa
     return plan
 
 
-from . import baselines, checkmate, checkmate_swap, chen, hierarchical, hybrid, revolve, rotor  # noqa: E402,F401  (registers the solvers)
+from . import baselines, checkmate, checkmate_swap, chen, hierarchical, hybrid, keep_set, revolve, rotor  # noqa: E402,F401  (registers the solvers)

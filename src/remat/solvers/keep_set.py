@@ -26,17 +26,29 @@ Among the cheapest, a second solve keeps the fewest bytes. The schedule is then 
 nodes the kept set forces, so its compute is the optimum. It is also a feasible point of the
 Checkmate MILP with the same save budget whenever the latter's peak bound is at least this
 schedule's peak, and then an optimal one.
+
+The ``keep_set`` solver (:func:`keep_set`) plans a whole graph this way, the class of plans
+Inductor's min-cut partitioner makes (one set of values kept, the rest recomputed where the
+backward needs it), but with the least compute for each save budget rather than the fewest bytes:
+it tries save budgets on a grid, keeps the cheapest schedule whose simulated peak fits the budget,
+and bisects between that save budget and the next one up. ``auto`` runs it beside the hierarchical
+planner, whose DP over blocks can miss such plans.
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
+from ..errors import SolverError
 from ..graph import Graph
+from ..plan import Plan
+from . import register
 from .checkmate_model import value_roles
-from .schedule import backward_with_recomputation
+from .rotor import cached
+from .schedule import backward_with_recomputation, cheapest_fitting
 
 
 class KeepSetModel:
@@ -54,6 +66,7 @@ class KeepSetModel:
         self.variable = variable
         rows: list[tuple[float, dict[int, float]]] = []  # (lower bound, terms) of "terms >= lower"
         read_by_backward = {v for n in graph.backward_nodes for v in n.inputs if v in variable}
+        self.backward_read_bytes = sum(values[v].bytes for v in read_by_backward)  # what storing all keeps
         for v in sorted(read_by_backward):
             rows.append((1.0, {self.k_col[v]: 1.0, self.x_col[values[v].producer]: 1.0}))
         for i in forward:
@@ -77,7 +90,8 @@ class KeepSetModel:
         for v in variable:
             self.bytes[self.k_col[v]] = values[v].bytes / self.byte_scale
 
-    def _highs(self, objective: np.ndarray, extra_rows: list[tuple[float, float, np.ndarray]]):
+    def _highs(self, objective: np.ndarray, extra_rows: list[tuple[float, float, np.ndarray]],
+               time_limit: float | None = None):
         import highspy
 
         lp = highspy.HighsLp()
@@ -107,22 +121,24 @@ class KeepSetModel:
         h.passModel(lp)
         h.setOptionValue("mip_rel_gap", 0.0)
         h.setOptionValue("mip_abs_gap", 1e-12)
+        if time_limit is not None:
+            h.setOptionValue("time_limit", float(time_limit))
         h.run()
         if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             return None
         return np.round(np.asarray(h.getSolution().col_value))
 
-    def solve(self, save_budget_bytes: int) -> set[int] | None:
+    def solve(self, save_budget_bytes: int, time_limit: float | None = None) -> set[int] | None:
         """The kept set of least compute within ``save_budget_bytes`` of droppable forward values,
         fewest bytes among the cheapest (None when none fits: nodes that cannot be recomputed need
-        more)."""
+        more; or when ``time_limit`` seconds per MILP did not prove the optimum)."""
         budget = save_budget_bytes / self.byte_scale * (1 + 1e-12)
-        x = self._highs(self.cost, [(-math.inf, budget, self.bytes)])
+        x = self._highs(self.cost, [(-math.inf, budget, self.bytes)], time_limit)
         if x is None:
             return None
         best = float(self.cost @ x)
         y = self._highs(self.bytes, [(-math.inf, budget, self.bytes),
-                                     (-math.inf, best + 1e-9 * max(best, 1.0), self.cost)])
+                                     (-math.inf, best + 1e-9 * max(best, 1.0), self.cost)], time_limit)
         if y is not None:
             x = y
         return {v for v, col in self.k_col.items() if x[col] > 0.5}
@@ -136,4 +152,82 @@ class KeepSetModel:
         return forward, backward
 
 
-__all__ = ["KeepSetModel"]
+SAVE_GRID = 20  # the solver's save budgets: k/20 of what storing everything keeps, k = 0..20
+REFINE_STEPS = 6  # bisections between the best fitting save budget of the grid and the next one
+SOLVE_TIME_LIMIT = 5.0  # seconds per MILP
+
+
+class KeepSetPlanner:
+    """The ``keep_set`` solver's plans of one graph, memoised per save budget (shared across budgets)."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.model = KeepSetModel(graph)
+        self._plans: dict[int, list[Plan]] = {}
+
+    def plans_at(self, save: int, time_limit: float | None) -> list[Plan]:
+        """The schedules keeping the cheapest set within ``save`` bytes, plain and lean ([] if none)."""
+        if save not in self._plans:
+            kept = self.model.solve(save, time_limit)
+            self._plans[save] = [] if kept is None else [
+                Plan.from_schedule(self.graph, *self.model.schedule(kept, lean=lean)) for lean in (False, True)]
+        return self._plans[save]
+
+    def solve(self, budget_bytes: int | None, time_limit: float) -> Plan:
+        start = time.perf_counter()
+
+        def left() -> float:
+            return time_limit - (time.perf_counter() - start)
+
+        def fits(p: Plan) -> bool:
+            return budget_bytes is None or p.peak_bytes <= budget_bytes
+
+        total = self.model.backward_read_bytes
+        grid = sorted({round(k * total / SAVE_GRID) for k in range(SAVE_GRID + 1)}, reverse=True)
+        found: dict[int, list[Plan]] = {}
+        for save in grid:
+            if left() <= 0:
+                break
+            found[save] = self.plans_at(save, min(SOLVE_TIME_LIMIT, max(left(), 0.1)))
+        fitting_saves = [s for s, plans in found.items() if any(fits(p) for p in plans)]
+        if fitting_saves and budget_bytes is not None:
+            # the cheapest fitting plan keeps as much as fits: search between it and the next grid point
+            best = cheapest_fitting([p for s in fitting_saves for p in found[s]], budget_bytes)
+            low = max(s for s in fitting_saves if any(p is best for p in found[s]))
+            higher = [s for s in grid if s > low]
+            if higher:
+                high = min(higher)
+                for _ in range(REFINE_STEPS):
+                    if high - low <= 1 or left() <= 0:
+                        break
+                    mid = (low + high) // 2
+                    found[mid] = self.plans_at(mid, min(SOLVE_TIME_LIMIT, max(left(), 0.1)))
+                    low, high = (mid, high) if any(fits(p) for p in found[mid]) else (low, mid)
+        candidates = [p for plans in found.values() for p in plans]
+        if not candidates:
+            raise SolverError(f"keep_set found no schedule for {self.graph.name!r} in {time_limit:.0f} s")
+        plan = cheapest_fitting(candidates, budget_bytes)
+        kept = sum(self.graph.values[v].bytes for v in plan.saved_values)
+        plan.info.update({"save budgets tried": len(found), "saved bytes": kept})
+        return plan
+
+
+def keep_set_planner(graph: Graph) -> KeepSetPlanner:
+    return cached(("keep_set",) + graph.planning_key, lambda: KeepSetPlanner(graph))
+
+
+@register("keep_set")
+def keep_set(graph: Graph, budget_bytes: int | None, *, time_limit: float | None = None, **options) -> Plan:
+    """The cheapest schedule that keeps a set of forward values and recomputes the rest in the backward
+    (the plans Inductor's min-cut partitioner makes), over save budgets: for each save budget ``s`` on a
+    grid of ``k/SAVE_GRID`` of the bytes storing everything keeps, the exact least-compute kept set
+    within ``s`` (:class:`KeepSetModel`), scheduled plainly and lean; then bisection between the best
+    fitting ``s`` and the next. Returns the cheapest plan within the budget, else the smallest peak."""
+    if options:
+        raise SolverError(f"keep_set takes no options, got {sorted(options)}")
+    return keep_set_planner(graph).solve(budget_bytes, DEFAULT_TIME_LIMIT if time_limit is None else time_limit)
+
+
+DEFAULT_TIME_LIMIT = 60.0
+
+__all__ = ["KeepSetModel", "KeepSetPlanner", "keep_set"]
