@@ -248,6 +248,8 @@ def test_uuid_covers_what_changes_the_plan_and_the_partitioner_pickles():
     assert a.uuid() == b.uuid()
     assert partitioner(budget=0.4).uuid() != a.uuid()
     assert partitioner(budget=0.5, solver="rotor").uuid() != a.uuid()
+    assert a.options.cost_model == "inductor"  # extern kernels profiled, generated chains one kernel
+    assert partitioner(budget=0.5, cost_model="flops").uuid() != a.uuid()
     assert pickle.loads(pickle.dumps(a)).uuid() == a.uuid()
 
 
