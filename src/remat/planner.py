@@ -45,6 +45,7 @@ from .plan import Plan
 from .solvers import SOLVERS, solve
 
 AUTO_TIME_LIMIT = 30.0
+AUTO_KEEP_SET_SECONDS = 10.0  # auto's time for keep_set (milliseconds per save budget on most graphs)
 AUTO_MILP_NODES = 100  # the op-level MILP usually proves optimality on graphs this small
 FAST_SOLVERS = ("checkpoint_all", "chen_sqrt", "chen_greedy", "rotor", "hierarchical")  # auto's fallbacks
 # solvers whose plan at a budget they cannot meet is already their smallest-peak plan (the MILP
@@ -244,7 +245,7 @@ def _auto_recompute(graph: Graph, budget_bytes, time_limit, options, fraction, s
             plans.append(_run("hierarchical", graph, budget_bytes, time_limit, options, True))
     if names[-1] == "hierarchical":  # its chain DP can miss plans that keep a set across blocks
         names.append("keep_set")
-        plans.append(_run("keep_set", graph, budget_bytes, time_limit, {}, True))
+        plans.append(_run("keep_set", graph, budget_bytes, min(time_limit, AUTO_KEEP_SET_SECONDS), {}, True))
     fitting = [p for p in plans if _fits(p, budget_bytes)]
     if not fitting:  # the first choices miss: learn the minimum, then fall back to the fast solvers
         smallest = smallest_plan(graph, "auto", time_limit=time_limit, thorough=False, swaps=False, **options)

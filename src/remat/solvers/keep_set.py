@@ -124,14 +124,18 @@ class KeepSetModel:
         if time_limit is not None:
             h.setOptionValue("time_limit", float(time_limit))
         h.run()
-        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        status = h.getModelStatus()
+        stopped_with_a_plan = (time_limit is not None and status == highspy.HighsModelStatus.kTimeLimit
+                               and h.getInfo().primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible)
+        if status != highspy.HighsModelStatus.kOptimal and not stopped_with_a_plan:
             return None
         return np.round(np.asarray(h.getSolution().col_value))
 
     def solve(self, save_budget_bytes: int, time_limit: float | None = None) -> set[int] | None:
         """The kept set of least compute within ``save_budget_bytes`` of droppable forward values,
         fewest bytes among the cheapest (None when none fits: nodes that cannot be recomputed need
-        more; or when ``time_limit`` seconds per MILP did not prove the optimum)."""
+        more). With ``time_limit`` (seconds per MILP), the best set found by then, which may cost more
+        than the least (None if there is none yet)."""
         budget = save_budget_bytes / self.byte_scale * (1 + 1e-12)
         x = self._highs(self.cost, [(-math.inf, budget, self.bytes)], time_limit)
         if x is None:
@@ -154,7 +158,7 @@ class KeepSetModel:
 
 SAVE_GRID = 20  # the solver's save budgets: k/20 of what storing everything keeps, k = 0..20
 REFINE_STEPS = 6  # bisections between the best fitting save budget of the grid and the next one
-SOLVE_TIME_LIMIT = 5.0  # seconds per MILP
+SOLVE_TIME_LIMIT = 1.0  # seconds per MILP: then its best kept set so far
 
 
 class KeepSetPlanner:
