@@ -19,8 +19,8 @@ Inductor runs two kinds of kernels, and each is priced the way it is best known:
 
 Measured on this project's CPU benchmarks (one process, alternating rounds, :mod:`remat.inductor`):
 the predicted compute of a plan came within 2% of the measured step (GPT-2 8 layers: 651 ms predicted,
-652 measured; ``"flops"`` predicted 725), and ResNet-18's plans at Inductor's matched peaks ran 3.5%
-faster (the convolutions it used to recompute now cost what they cost, its batch-norm and ReLU chains
+652 measured; ``"flops"`` predicted 725), and ResNet-18's plans at two of Inductor's matched peaks
+ran 3.3% and 3.9% faster (the convolutions it used to recompute now cost what they cost, its batch-norm and ReLU chains
 what they cost fused).
 """
 

@@ -37,6 +37,7 @@ planner, whose DP over blocks can miss such plans.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 
@@ -159,6 +160,7 @@ class KeepSetModel:
 SAVE_GRID = 20  # the solver's save budgets: k/20 of what storing everything keeps, k = 0..20
 REFINE_STEPS = 6  # bisections between the best fitting save budget of the grid and the next one
 SOLVE_TIME_LIMIT = 1.0  # seconds per MILP: then its best kept set so far
+DEFAULT_TIME_LIMIT = 60.0  # seconds for the whole solver
 
 
 class KeepSetPlanner:
@@ -210,7 +212,8 @@ class KeepSetPlanner:
         candidates = [p for plans in found.values() for p in plans]
         if not candidates:
             raise SolverError(f"keep_set found no schedule for {self.graph.name!r} in {time_limit:.0f} s")
-        plan = cheapest_fitting(candidates, budget_bytes)
+        plan = copy.copy(cheapest_fitting(candidates, budget_bytes))  # the memoised one stays as it is
+        plan.info = dict(plan.info)
         kept = sum(self.graph.values[v].bytes for v in plan.saved_values)
         plan.info.update({"save budgets tried": len(found), "saved bytes": kept})
         return plan
@@ -231,7 +234,5 @@ def keep_set(graph: Graph, budget_bytes: int | None, *, time_limit: float | None
         raise SolverError(f"keep_set takes no options, got {sorted(options)}")
     return keep_set_planner(graph).solve(budget_bytes, DEFAULT_TIME_LIMIT if time_limit is None else time_limit)
 
-
-DEFAULT_TIME_LIMIT = 60.0
 
 __all__ = ["KeepSetModel", "KeepSetPlanner", "keep_set"]
