@@ -243,7 +243,7 @@ def _auto_recompute(graph: Graph, budget_bytes, time_limit, options, fraction, s
         if not _fits(milp, budget_bytes) or milp.info.get("status") != "optimal":
             names.append("hierarchical")
             plans.append(_run("hierarchical", graph, budget_bytes, time_limit, options, True))
-    if names[-1] == "hierarchical":  # its chain DP can miss plans that keep a set across blocks
+    if "hierarchical" in names:  # its chain DP can miss plans that keep a set across blocks
         names.append("keep_set")
         plans.append(_run("keep_set", graph, budget_bytes, min(time_limit, AUTO_KEEP_SET_SECONDS), {}, True))
     fitting = [p for p in plans if _fits(p, budget_bytes)]

@@ -172,7 +172,8 @@ class KeepSetPlanner:
         self._plans: dict[int, list[Plan]] = {}
 
     def plans_at(self, save: int, time_limit: float | None) -> list[Plan]:
-        """The schedules keeping the cheapest set within ``save`` bytes, plain and lean ([] if none)."""
+        """The schedules keeping the cheapest set within ``save`` bytes, plain and lean ([] if none);
+        the first answer for ``save`` is kept, also one a time limit cut short."""
         if save not in self._plans:
             kept = self.model.solve(save, time_limit)
             self._plans[save] = [] if kept is None else [
