@@ -115,9 +115,9 @@ def _assert_within_budget_and_near_prediction(planned, ex):
 def test_recomputed_chains_are_not_fused_together():
     """resnet (tiny) at its smallest budget recomputes the stem's chain once for each of two
     backward uses. Inductor's horizontal fusion would merge the two copies' kernels and keep both
-    alive (measured 1.5x the prediction); remat's constraints forbid it, so the measured peak is
-    the predicted one, within the budget, with no calibration re-plan. Gradients are Inductor's own
-    unplanned step's."""
+    alive (measured 1.5x the prediction); remat lets kernels fuse only next to each other in the
+    plan's order, so the measured peak is the predicted one, within the budget, with no calibration
+    re-plan. Gradients are Inductor's own unplanned step's."""
     ex = zoo.build("resnet", size="tiny")
     reference = copy.deepcopy(ex.model)
     planned = remat.compile(ex.model, *ex.args, budget="min", example_kwargs=ex.kwargs, calibrate=False)

@@ -52,9 +52,9 @@ What Inductor's scheduler does beyond this model, seen in its generated code (``
   them one after the other: such a fusion is refused when the fused kernel would hold more than the
   plan's peak (:func:`remat.inductor.fusion_raises_peak`). Fusion across the plan's order, which
   moved computation and stretched lifetimes, is limited to neighbours
-  (:class:`remat.inductor.PlanOrderChoices`); horizontal fusion (kernels that only share a read) is
-  switched off (:data:`remat.inductor.INDUCTOR_CONSTRAINTS`): it merged two recomputed copies of one
-  chain and kept both alive, 1.5x the predicted peak;
+  (:class:`remat.inductor.PlanOrderChoices`), horizontal fusion (kernels that only share a read)
+  included: across the order it merged two recomputed copies of one chain and kept both alive,
+  1.5x the predicted peak;
 * on the CPU its C++ backend calls all the kernels between two extern kernels as one function
   (allocations before, frees after); remat has it call each kernel on its own
   (:func:`remat.inductor.install_one_call_per_kernel`);
