@@ -68,7 +68,7 @@ from provenance import git_revision, machine_facts  # noqa: E402
 
 INDUCTOR_BUDGETS = (1.0, 0.8, 0.6, 0.4, 0.2, 0.0)
 REMAT_FRACTIONS = (1.0, "min")  # --fractions 1.0 0.6 0.4 min for more (each is another compile)
-ROUNDS = 3
+ROUNDS = 7
 OVERHEAD_LIMIT = 0.10  # "at <= 10% step time over Inductor's default"
 TIGHTEST = 2  # Inductor's tightest points: its non-default points with the smallest measured peaks
 M_MMAP_THRESHOLD, M_TRIM_THRESHOLD = -3, -1  # glibc mallopt parameters (<malloc.h>)
@@ -547,7 +547,7 @@ def report(results: list[dict], args, revision: str, elapsed: float, argv: list[
         ".venv/bin/python benchmarks/inductor.py            # writes benchmarks/inductor.md",
         ".venv/bin/python benchmarks/inductor.py --quick    # tiny models, fewer points, 1 round; writes nothing",
         "```",
-        "Options: `--rounds R` (timing rounds, default 3), `--device cuda` (on a GPU: peaks from the CUDA "
+        "Options: `--rounds R` (timing rounds, default 7), `--device cuda` (on a GPU: peaks from the CUDA "
         "allocator), `--models gpt2 resnet18`, `--system-malloc`. One torch thread and one Inductor compile thread "
         "(`OMP_NUM_THREADS=1`, `TORCHINDUCTOR_COMPILE_THREADS=1`) unless set otherwise in the environment.",
         "",
