@@ -664,3 +664,62 @@ def test_a_dropout_mask_the_fused_graph_stores_is_stored_where_its_copy_has_one_
     assert [n.args[0].name for n in stored] == [ops[1].name]
     assert stored[0].meta["remat_instruction"] == 1 and list(stored[0].users) == [ops[5]]
     assert torch.equal(gm(x), expected)
+
+
+def test_auto_plans_with_offloads_where_recomputation_reaches_only_when_much_cheaper(monkeypatch):
+    """Where recomputation reaches the budget, ``auto`` under Inductor takes the plan made with the
+    offload tier's costs only when it is predicted at least ``OFFLOAD_MIN_GAIN`` cheaper, and does
+    not plan again at all when the recomputation plan costs little more than storing everything
+    (no plan can then be that much cheaper)."""
+    gain = inductor_module.OFFLOAD_MIN_GAIN
+    ex = zoo.build("mlp", size="tiny")
+    graph = remat.plan(ex.model, *ex.args, solver="store_all", cost_model="flops").graph
+    store_all = store_all_plan(graph).step_seconds
+    fused = types.SimpleNamespace(graph=graph, original=graph)
+    monkeypatch.setattr(inductor_module, "with_transfer_costs", lambda f, transfer: ("offloading", f))
+    part = partitioner(budget=0.5)
+
+    def plan_costing(seconds):
+        return types.SimpleNamespace(step_seconds=seconds, info={})
+
+    def offloading_plan_costs(seconds):
+        made = []
+        monkeypatch.setattr(part, "_plan", lambda f: made.append(f) or plan_costing(seconds))
+        return made
+
+    cheap = plan_costing(store_all * (1 + gain / 2))  # near store-everything: offloading is not tried
+    made = offloading_plan_costs(0.0)
+    assert part._offload_if_much_cheaper(fused, cheap, "cpu") == (fused, cheap) and not made
+
+    costly = plan_costing(store_all * 2)
+    made = offloading_plan_costs(costly.step_seconds * (1 - gain / 2))  # cheaper, but not by enough
+    assert part._offload_if_much_cheaper(fused, costly, "cpu") == (fused, costly) and made
+
+    made = offloading_plan_costs(costly.step_seconds * (1 - 2 * gain))
+    chosen_fused, chosen = part._offload_if_much_cheaper(fused, costly, "cpu")
+    assert chosen_fused == ("offloading", fused) and chosen.step_seconds < costly.step_seconds
+    assert chosen.info["recomputation plan's step"] == costly.step_seconds
+
+
+def test_auto_takes_the_hybrid_plan_near_recomputations_smallest_budget_when_much_cheaper():
+    """resnet (tiny) just above the smallest budget recomputation reaches: auto's recomputation plan
+    (hierarchical's, keep_set's) costs about a third more than storing everything; the hybrid
+    solver's greedy refinement of it, planned with the offload tier's costs, costs much less (here
+    without offloading anything), so ``auto`` takes it and says what the other would have cost. The
+    compiled step stays within the budget, near the prediction, with the gradients of Inductor's own
+    unplanned step."""
+    ex = zoo.build("resnet", size="tiny")
+    reference = copy.deepcopy(ex.model)
+    probe = partitioner(budget=1.0)
+    _step(_through_partitioner(probe, _with_model(ex, copy.deepcopy(ex.model))), ex)
+    recompute_min = smallest_plan(probe.last_plan.graph, "auto", swaps=False).peak_bytes
+    planned = remat.compile(ex.model, *ex.args, budget=int(1.03 * recompute_min), example_kwargs=ex.kwargs,
+                            calibrate=False)
+    plan = planned.plan
+    recompute_seconds = plan.info["recomputation plan's step"]
+    assert plan.solver == "hybrid" and plan.step_seconds < (1 - inductor_module.OFFLOAD_MIN_GAIN) * recompute_seconds
+    _assert_within_budget_and_near_prediction(planned, ex)
+    unplanned = torch.compile(reference, dynamic=False)
+    _step(planned, ex)
+    _step(unplanned, _with_model(ex, reference))
+    _assert_same_grads(ex.model, reference, rtol=1e-4, atol=1e-5)

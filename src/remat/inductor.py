@@ -61,9 +61,11 @@ budget plans again with the budget lowered by the excess (at most ``CALIBRATION_
 the operators ``remat::offload`` and ``remat::reload`` (:mod:`remat.compiled_ops`), which Inductor
 calls as extern kernels in the plan's order; a reload returns once its copy has landed, so the plan
 is made with synchronous copies (:func:`compiled_transfer_meta`). ``auto`` plans recomputation
-alone while that reaches the budget (its choice of offloads over recomputation where both fit has
-not been measured against Inductor's kernels: on the GPT-2 of ``benchmarks/inductor.py`` at fraction
-0.2 a hybrid plan predicted 2.5% faster than hierarchical's measured 0.5% slower) and offloads below
+alone while that reaches the budget, unless the plan made with the offload tier's costs (the
+``hybrid`` solver's) is predicted at least ``OFFLOAD_MIN_GAIN`` cheaper (close calls stay with
+recomputation: on the GPT-2 of ``benchmarks/inductor.py`` at fraction 0.2 a hybrid plan predicted
+2.5% faster than hierarchical's measured 0.5% slower; near recomputation's smallest budget on
+ResNet-18 the hybrid plan measured 1.9x faster), and offloads below
 that: at a budget recomputation misses, and for ``budget="min"``, it plans again with the offload
 tier's costs (:func:`with_transfer_costs`), so the minimum an infeasible budget names includes
 the offloading plans' reach (the zoo's GPT-2: 0.82x recomputation's; ResNet-18: 0.70x).
@@ -93,7 +95,7 @@ from .errors import InfeasibleBudgetError, MeasuredAboveBudgetWarning, SolverErr
 from .fusion import INDUCTOR_RANDOM, Fused, _inlines_its_inputs, draw_random_per_reader, fuse
 from .lower import lower
 from .plan import COMPUTE
-from .planner import is_min, resolve, uses_swaps
+from .planner import is_min, resolve, store_all_plan, uses_swaps
 
 INDUCTOR_CONSTRAINTS = {
     "realize_reads_threshold": 0,
@@ -108,6 +110,7 @@ SLACK_MIN_FRACTION = 0.005  # ... while at least this fraction of the budget is 
 # Solvers that offload: these always get the offload tier's costs; ``auto`` only below what
 # recomputation reaches (see the module docstring).
 OFFLOADING_SOLVERS = ("hybrid", "checkmate_swap")
+OFFLOAD_MIN_GAIN = 0.10  # where recomputation reaches the budget, auto plans with offloads only when this much cheaper
 
 
 def plan_into_reused_bytes(plan, budget_bytes: int, make, rounds: int = SLACK_ROUNDS):
@@ -196,6 +199,9 @@ class RematPartitioner(CustomPartitionerFn):
             # below what recomputation reaches: auto offloads too (its error then names that minimum)
             fused = with_transfer_costs(fused, compiled_transfer_meta(device))
             plan = self._plan(fused)
+        else:
+            if opts.solver == "auto" and not uses_swaps(fused.graph):
+                fused, plan = self._offload_if_much_cheaper(fused, plan, device)
         self.last_plan = plan
         if opts.on_plan is not None:
             opts.on_plan(plan, capture)
@@ -231,6 +237,27 @@ class RematPartitioner(CustomPartitionerFn):
         if self.margin_bytes:
             plan.info["planned_below_budget_by"] = self.margin_bytes
         return plan
+
+    def _offload_if_much_cheaper(self, fused, plan, device):
+        """``auto``'s recomputation plan, or, where it costs much more than computing everything once,
+        the plan made with the offload tier's costs (``auto`` then also runs the ``hybrid`` solver, a
+        greedy refinement of the recomputation plan that offloads where that pays) when that is at
+        least ``OFFLOAD_MIN_GAIN`` cheaper (predicted step time). Near recomputation's smallest budget
+        the recomputation solvers' plans can cost far more: ResNet-18 of ``benchmarks/inductor.py`` at
+        30 MiB, ``keep_set``'s plan 92 ms predicted and 118 ms measured, ``hybrid``'s 62 and 63 (it
+        offloads nothing there: its refinement found cheaper recomputations). Where the two are close,
+        recomputation stays (on GPT-2 at fraction 0.2 a hybrid plan predicted 2.5% faster measured
+        0.5% slower). No plan costs less than the store-everything step, so the second planning runs
+        only when the recomputation plan costs more than that by the same fraction."""
+        store_all_seconds = store_all_plan(fused.graph).step_seconds
+        if plan.step_seconds * (1 - OFFLOAD_MIN_GAIN) <= store_all_seconds:
+            return fused, plan
+        offloading = with_transfer_costs(fused, compiled_transfer_meta(device))
+        alternative = self._plan(offloading)
+        if alternative.step_seconds < (1 - OFFLOAD_MIN_GAIN) * plan.step_seconds:
+            alternative.info["recomputation plan's step"] = plan.step_seconds
+            return offloading, alternative
+        return fused, plan
 
     def __getstate__(self) -> dict:
         """Inductor pickles its config (cache keys): without the plan callback and the last plan."""
