@@ -111,6 +111,7 @@ SLACK_MIN_FRACTION = 0.005  # ... while at least this fraction of the budget is 
 # recomputation reaches (see the module docstring).
 OFFLOADING_SOLVERS = ("hybrid", "checkmate_swap")
 OFFLOAD_MIN_GAIN = 0.10  # where recomputation reaches the budget, auto plans with offloads only when this much cheaper
+OFFLOAD_TRY_REUSE_ROUNDS = 1  # ... in one plan and one raise into reused bytes (each runs auto's solvers and hybrid's greedy)
 
 
 def plan_into_reused_bytes(plan, budget_bytes: int, make, rounds: int = SLACK_ROUNDS):
@@ -212,9 +213,9 @@ class RematPartitioner(CustomPartitionerFn):
         tag_plan_memory(graphs, plan, expanded, fused.members)
         return graphs
 
-    def _plan(self, fused):
+    def _plan(self, fused, reuse_rounds: int = SLACK_ROUNDS):
         """The plan of ``fused``'s graph at the budget less the margin (raised into the bytes
-        Inductor writes in place where that fits)."""
+        Inductor writes in place where that fits, in at most ``reuse_rounds`` more plans)."""
         opts = self.options
         budget = opts.budget
         budget_bytes = None if budget is None else resolve(fused.graph, budget, opts.solver)
@@ -230,7 +231,7 @@ class RematPartitioner(CustomPartitionerFn):
 
         plan = make(budget)
         if budget_bytes is not None and budget != "min" and fused.graph.meta.get("inplace_reuse"):
-            plan = plan_into_reused_bytes(plan, budget_bytes - self.margin_bytes, make)
+            plan = plan_into_reused_bytes(plan, budget_bytes - self.margin_bytes, make, rounds=reuse_rounds)
         plan.info["compiler"] = "inductor"
         if budget_bytes is not None:
             plan.info["budget_bytes"] = budget_bytes
@@ -253,7 +254,7 @@ class RematPartitioner(CustomPartitionerFn):
         if plan.step_seconds * (1 - OFFLOAD_MIN_GAIN) <= store_all_seconds:
             return fused, plan
         offloading = with_transfer_costs(fused, compiled_transfer_meta(device))
-        alternative = self._plan(offloading)
+        alternative = self._plan(offloading, reuse_rounds=OFFLOAD_TRY_REUSE_ROUNDS)
         if alternative.step_seconds < (1 - OFFLOAD_MIN_GAIN) * plan.step_seconds:
             alternative.info["recomputation plan's step"] = plan.step_seconds
             return offloading, alternative
