@@ -684,7 +684,7 @@ def test_auto_plans_with_offloads_where_recomputation_reaches_only_when_much_che
 
     def offloading_plan_costs(seconds):
         made = []
-        monkeypatch.setattr(part, "_plan", lambda f: made.append(f) or plan_costing(seconds))
+        monkeypatch.setattr(part, "_plan", lambda f, **_: made.append(f) or plan_costing(seconds))
         return made
 
     cheap = plan_costing(store_all * (1 + gain / 2))  # near store-everything: offloading is not tried
