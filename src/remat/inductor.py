@@ -107,8 +107,8 @@ INDUCTOR_CONSTRAINTS = {
 CALIBRATION_ROUNDS = 3
 SLACK_ROUNDS = 4  # plans made at raised budgets to use the bytes Inductor reuses in place
 SLACK_MIN_FRACTION = 0.005  # ... while at least this fraction of the budget is left over
-# Solvers that offload: these always get the offload tier's costs; ``auto`` only below what
-# recomputation reaches (see the module docstring).
+# Solvers that offload: these always get the offload tier's costs; ``auto`` below what recomputation
+# reaches, and where its recomputation plan is costly (see the module docstring).
 OFFLOADING_SOLVERS = ("hybrid", "checkmate_swap")
 OFFLOAD_MIN_GAIN = 0.10  # where recomputation reaches the budget, auto plans with offloads only when this much cheaper
 OFFLOAD_TRY_REUSE_ROUNDS = 1  # ... in one plan and one raise into reused bytes (each runs auto's solvers and hybrid's greedy)
@@ -256,7 +256,7 @@ class RematPartitioner(CustomPartitionerFn):
         offloading = with_transfer_costs(fused, compiled_transfer_meta(device))
         alternative = self._plan(offloading, reuse_rounds=OFFLOAD_TRY_REUSE_ROUNDS)
         if alternative.step_seconds < (1 - OFFLOAD_MIN_GAIN) * plan.step_seconds:
-            alternative.info["recomputation plan's step"] = plan.step_seconds
+            alternative.info = {**alternative.info, "recomputation plan's step": plan.step_seconds}
             return offloading, alternative
         return fused, plan
 
