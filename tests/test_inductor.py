@@ -703,7 +703,7 @@ def test_auto_plans_with_offloads_where_recomputation_reaches_only_when_much_che
 
 def test_auto_takes_the_hybrid_plan_near_recomputations_smallest_budget_when_much_cheaper():
     """resnet (tiny) just above the smallest budget recomputation reaches: auto's recomputation plan
-    (hierarchical's, keep_set's) costs about a third more than storing everything; the hybrid
+    (hierarchical's, keep_set's) costs much more than storing everything; the hybrid
     solver's greedy refinement of it, planned with the offload tier's costs, costs much less (here
     without offloading anything), so ``auto`` takes it and says what the other would have cost. The
     compiled step stays within the budget, near the prediction, with the gradients of Inductor's own
