@@ -308,14 +308,16 @@ def test_below_the_smallest_peak_rotor_returns_its_smallest_plan():
 
 # ---------------------------------------------------------------------------------- API
 def test_auto_uses_hierarchical_on_large_graphs():
-    """... and keep_set beside it (whichever plan is cheaper)."""
+    """... and keep_set beside it, and on a graph with transfer costs (the eager capture has them)
+    hybrid's refinement too: whichever plan is cheapest. (Which one wins depends on the time-limited
+    MILPs of keep_set and on hybrid's greedy deadline: a fresh CI machine chose hybrid's.)"""
     ex = zoo.build("gpt2", size="small")
     plan = remat.plan(ex.model, *ex.args, budget=0.5, **ex.kwargs)
     assert len(plan.graph.nodes) > 100
-    assert plan.solver in ("hierarchical", "keep_set") and plan.fits()
+    assert plan.solver in ("hierarchical", "keep_set", "hybrid") and plan.fits()
     assert plan.info["chosen by"].startswith("auto among hierarchical, keep_set")
     hierarchical = solve("hierarchical", plan.graph, plan.budget_bytes)
-    assert plan.compute_seconds <= hierarchical.compute_seconds + 1e-12
+    assert plan.step_seconds <= hierarchical.step_seconds + 1e-12
 
 
 def test_pareto_captures_once_and_marks_infeasible_budgets():
