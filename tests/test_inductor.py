@@ -675,7 +675,7 @@ def test_auto_plans_with_offloads_where_recomputation_reaches_only_when_much_che
     ex = zoo.build("mlp", size="tiny")
     graph = remat.plan(ex.model, *ex.args, solver="store_all", cost_model="flops").graph
     store_all = store_all_plan(graph).step_seconds
-    fused = types.SimpleNamespace(graph=graph, original=graph)
+    fused = types.SimpleNamespace(graph=graph)  # with_transfer_costs is stubbed below
     monkeypatch.setattr(inductor_module, "with_transfer_costs", lambda f, transfer: ("offloading", f))
     part = partitioner(budget=0.5)
 
