@@ -243,6 +243,70 @@ def test_each_reader_of_a_seeded_dropout_mask_draws_its_own_copy():
     assert any("inductor_seeds" in v.name for v in saved)  # the backward draws again from the seeds
 
 
+class LightAndHeavy(torch.nn.Module):
+    """``ln(h) * (h * sigmoid(h))``: the layer norm's output is light (its inputs, parameters aside,
+    are no larger than it) and read by the product's backward; the sigmoid is heavy on the CPU and
+    its backward reads its output; ``h * sigmoid(h)`` is light, but its inputs are twice its bytes."""
+
+    def __init__(self, width=32):
+        super().__init__()
+        self.lin, self.ln, self.out = torch.nn.Linear(width, width), torch.nn.LayerNorm(width), torch.nn.Linear(width, 1)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return self.out(self.ln(h) * (h * torch.sigmoid(h))).sum()
+
+
+def _light_heavy_example():
+    torch.manual_seed(0)
+    return types.SimpleNamespace(model=LightAndHeavy(), args=(torch.randn(64, 32),), kwargs={}, loss=lambda out: out)
+
+
+def test_light_forward_values_are_computed_again_inside_each_backward_reader():
+    """The layer norm's output gets a copy for its backward reader, in the backward, with one reader
+    (the fused graph computes it inside that reader's kernel; the forward does not store it); the
+    sigmoid's output (heavy) and ``h * sigmoid(h)`` (inputs larger than it) are still read by the backward."""
+    from remat.fusion import _depends_on_tangents, recompute_light_values_per_reader
+
+    aten = torch.ops.aten
+    gm, num_fwd_outputs = _joint_graph_of(_light_heavy_example())
+    backward = _depends_on_tangents(gm.graph)
+    forward = [n for n in gm.graph.nodes if n not in backward]
+    (sigmoid,) = [n for n in forward if n.target is aten.sigmoid.default]
+    (gated,) = [n for n in forward if n.target is aten.mul.Tensor and list(n.args) == [sigmoid.args[0], sigmoid]]
+    (product,) = [n for n in forward if n.target is aten.mul.Tensor and n.args[1] is gated]
+    normalised = product.args[0]  # the layer norm's affine output
+    assert normalised.target is aten.add.Tensor
+    before = {n.name for n in gm.graph.nodes}
+
+    def backward_readers(node):
+        return [u for u in node.users if u in _depends_on_tangents(gm.graph)]
+
+    assert backward_readers(normalised) and backward_readers(sigmoid) and backward_readers(gated)
+    copies = recompute_light_values_per_reader(gm)
+    assert copies >= 1
+    assert not backward_readers(normalised), "the backward computes the layer norm's output again"
+    assert backward_readers(sigmoid) and backward_readers(gated)
+    capture = capture_joint(gm, num_fwd_outputs)
+    new = [node for node in capture.graph.nodes if capture.op_node[node.id].name not in before]
+    assert len(new) == copies
+    for node in new:
+        assert node.phase == "backward" and all(len(capture.graph.users[v]) == 1 for v in node.outputs)
+
+
+def test_a_plan_with_light_copies_measures_its_prediction_with_inductors_gradients():
+    """Compiled with the copies: measured peak within the budget and near the prediction, gradients
+    those of Inductor's own unplanned step."""
+    ex = _light_heavy_example()
+    reference = copy.deepcopy(ex.model)
+    planned = remat.compile(ex.model, *ex.args, budget=0.9, example_kwargs=ex.kwargs, calibrate=False)
+    assert planned.plan.info["light_copies"] >= 1
+    _assert_within_budget_and_near_prediction(planned, ex)
+    _step(planned, ex)
+    _step(torch.compile(reference, dynamic=False), _with_model(ex, reference))
+    _assert_same_grads(ex.model, reference)
+
+
 def test_uuid_covers_what_changes_the_plan_and_the_partitioner_pickles():
     a, b = partitioner(budget=0.5), partitioner(budget=0.5)
     assert a.uuid() == b.uuid()

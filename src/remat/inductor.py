@@ -14,7 +14,10 @@ What remat asks of Inductor (:data:`INDUCTOR_CONSTRAINTS`) so that the plan's me
 step's memory:
 
 * ``realize_reads_threshold = 0``: a pointwise value read by several ops is stored once, not
-  recomputed inside each reader (which would stretch its inputs' lifetimes past the plan's);
+  recomputed inside each reader (which would stretch its inputs' lifetimes past the plan's). Where
+  computing it in each reader pays, remat writes the copies into the graph it plans instead
+  (:func:`remat.fusion.recompute_light_values_per_reader`: a light forward value the backward
+  reads, copied per backward reader), so the planner sees them;
 * ``layout_optimization = False``: no channels-last copies of convolution inputs and weights that
   the plan cannot see (give the model channels-last tensors yourself if you want that layout);
 * ``reorder_for_peak_memory = False``: Inductor keeps the plan's order;
@@ -92,7 +95,8 @@ from .capture import capture_joint
 from .cost import INDUCTOR_COST_MODEL, make_cost_fn, make_transfer_meta, make_workspace_fn
 from .cost.inductor import InductorCostModel
 from .errors import InfeasibleBudgetError, MeasuredAboveBudgetWarning, SolverError
-from .fusion import INDUCTOR_RANDOM, Fused, _inlines_its_inputs, draw_random_per_reader, fuse
+from .fusion import (INDUCTOR_RANDOM, Fused, _inlines_its_inputs, draw_random_per_reader, fuse,
+                     recompute_light_values_per_reader)
 from .lower import lower
 from .plan import COMPUTE
 from .planner import is_min, resolve, store_all_plan, uses_swaps
@@ -182,6 +186,7 @@ class RematPartitioner(CustomPartitionerFn):
         opts = self.options
         device = _device_of(gm)
         seeded_copies = draw_random_per_reader(gm)
+        light_copies = recompute_light_values_per_reader(gm)
         costs = InductorCostModel(device) if opts.cost_model == "inductor" else None
         capture = capture_joint(
             gm, num_fwd_outputs,
@@ -209,6 +214,7 @@ class RematPartitioner(CustomPartitionerFn):
         expanded = fused.expand(plan)
         graphs = lower(capture, expanded, compiled=True, keep_apart=fused.deferred_adds)
         plan.info["seeded_copies"] = seeded_copies
+        plan.info["light_copies"] = light_copies
         plan.info["stored_masks"] = store_random_masks(graphs, expanded, fused)
         tag_plan_memory(graphs, plan, expanded, fused.members)
         return graphs
