@@ -67,7 +67,7 @@ Two rewrites of the joint graph come before all this. A value computed from Indu
 random numbers alone (a dropout mask) gets one copy per reader (:func:`draw_random_per_reader`), so
 that each reader draws the numbers again inside its own kernel, as Inductor's own partitioner does
 where it recomputes random ops; no mask is ever stored, and the backward keeps the step's seeds.
-And a light forward value the backward reads (a layer norm's normalised input, a bias added to a
+And a light forward value the backward reads (a layer norm's affine output, a bias added to a
 product) gets one copy per backward reader (:func:`recompute_light_values_per_reader`), computed
 inside that reader's kernel from the value's inputs, as Inductor computes a value read by a few
 kernels inside each under its default ``realize_reads_threshold``.
@@ -514,10 +514,6 @@ def fuse(capture: Capture, kernel_seconds: Callable[[list[fx.Node], int], float]
     return Fused(graph, groups, capture.graph, frozenset(deferred_addmm_adds(capture)))
 
 
-__all__ = ["Fused", "fuse", "fusion_groups", "inplace_reuses", "inplace_conflicts", "inductor_kernels", "addmm_pairs", "addmm_candidates", "deferred_addmm_adds", "MAX_INLINED_READS", "draw_random_per_reader", "recompute_light_values_per_reader"]
-
-
-
 # Ops Inductor's CPU backend stores rather than computes again in each of several readers
 # (``StorageBox.should_realize_on_reuse``): a copy per reader would cost real time.
 HEAVY_POINTWISE = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
@@ -565,8 +561,8 @@ def recompute_light_values_per_reader(gm: fx.GraphModule) -> int:
 
     A light value is a pointwise op of the forward, not random and none of
     :data:`HEAVY_POINTWISE`, reading at most ``MAX_SHARED_READS`` tensors whose bytes, parameters and
-    inputs aside, are no more than its own (a layer norm's normalised input ``(x - mean) * rstd``, a
-    scaled score, a bias added to a product), whose backward readers all compute a pointwise input
+    inputs aside, are no more than its own (a layer norm's affine output ``x_hat * w + b``, a bias
+    added to a product, a value scaled by a constant), whose backward readers all compute a pointwise input
     inside their own kernel (pointwise ops and reductions). Each copy has one reader, so the fused
     graph (and Inductor) compute it inside that reader's kernel: the backward reads the value's
     inputs instead of the value, which the forward then never stores for it. This is what Inductor's
@@ -601,3 +597,6 @@ def recompute_light_values_per_reader(gm: fx.GraphModule) -> int:
         graph.lint()
         gm.recompile()
     return copies
+
+
+__all__ = ["Fused", "fuse", "fusion_groups", "inplace_reuses", "inplace_conflicts", "inductor_kernels", "addmm_pairs", "addmm_candidates", "deferred_addmm_adds", "MAX_INLINED_READS", "draw_random_per_reader", "recompute_light_values_per_reader"]
