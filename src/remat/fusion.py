@@ -283,6 +283,24 @@ def _seeded_values(graph: fx.Graph) -> dict[fx.Node, bool]:
     return seeded
 
 
+def _copy_before(graph: fx.Graph, node: fx.Node, reader: fx.Node) -> fx.Node:
+    """A copy of ``node`` (same op, same inputs, same meta) placed right before ``reader``; give it
+    a value of its own with :func:`_own_value` once its inputs are final."""
+    with graph.inserting_before(reader):
+        new = graph.node_copy(node, lambda arg: arg)
+    new.meta = dict(node.meta)
+    return new
+
+
+def _own_value(node: fx.Node) -> None:
+    """Recompute ``node``'s fake value from its inputs' (a value shared with the node it was copied
+    from would make the capture see an alias)."""
+    val = node.meta["val"]
+    with val.fake_mode:
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda arg: arg.meta["val"])
+        node.meta["val"] = node.target(*args, **kwargs)
+
+
 def draw_random_per_reader(gm: fx.GraphModule) -> int:
     """Give every reader of a value computed from Inductor's seeded random draws its own copy of
     the draw, placed right before the reader; returns the number of nodes copied.
@@ -303,18 +321,13 @@ def draw_random_per_reader(gm: fx.GraphModule) -> int:
 
     def copy_for(node: fx.Node, reader: fx.Node) -> fx.Node:
         nonlocal copies
-        with graph.inserting_before(reader):
-            new = graph.node_copy(node, lambda arg: arg)
-        new.meta = dict(node.meta)
+        new = _copy_before(graph, node, reader)
         copies += 1
         for arg in new.all_input_nodes:  # an input read elsewhere too gets its own copy as well
             if arg in seeded and len(arg.users) > 1:
                 new.replace_input_with(arg, copy_for(arg, new))
         seeded[new] = seeded[node]
-        val = node.meta["val"]
-        with val.fake_mode:  # a value of its own (a shared fake value would make it an alias)
-            args, kwargs = fx.node.map_arg((new.args, new.kwargs), lambda arg: arg.meta["val"])
-            new.meta["val"] = new.target(*args, **kwargs)
+        _own_value(new)
         return new
 
     for node in reversed(list(graph.nodes)):
@@ -581,13 +594,8 @@ def recompute_light_values_per_reader(gm: fx.GraphModule) -> int:
     for node in reversed(list(graph.nodes)):  # a copied value's inputs are judged after it, by their new readers
         readers = _light_forward_value(node, backward, seeded)
         for reader in readers:
-            with graph.inserting_before(reader):
-                new = graph.node_copy(node, lambda arg: arg)
-            new.meta = dict(node.meta)
-            val = node.meta["val"]
-            with val.fake_mode:  # a value of its own (a shared fake value would make it an alias)
-                args, kwargs = fx.node.map_arg((new.args, new.kwargs), lambda arg: arg.meta["val"])
-                new.meta["val"] = new.target(*args, **kwargs)
+            new = _copy_before(graph, node, reader)
+            _own_value(new)
             reader.replace_input_with(node, new)
             backward.add(new)
             copies += 1
