@@ -539,10 +539,11 @@ def _tensor_bytes(node: fx.Node) -> int:
 
 
 def _depends_on_tangents(graph: fx.Graph) -> set[fx.Node]:
-    """The backward's nodes of a joint graph: the tangents and everything computed from them."""
+    """The backward's nodes of a joint graph: the tangents (placeholders named as
+    :func:`remat.capture.capture_joint` recognises them) and everything computed from them."""
     backward: set[fx.Node] = set()
     for node in graph.nodes:
-        if (node.op == "placeholder" and node.name.startswith("tangents")) or any(
+        if (node.op == "placeholder" and str(node.target).startswith("tangents")) or any(
                 arg in backward for arg in node.all_input_nodes):
             backward.add(node)
     return backward
