@@ -21,7 +21,7 @@ from remat import inductor as inductor_module
 from remat.inductor import (INDUCTOR_CONSTRAINTS, MEMORY_BEFORE, PLAN_PEAK, inductor_options, measured_step_peak,
                             partitioner)
 from remat.plan import COMPUTE
-from remat.planner import make_plan, smallest_plan, store_all_plan
+from remat.planner import clear_caches, make_plan, smallest_plan, store_all_plan
 
 from .models.helpers import without_codegen
 
@@ -155,6 +155,50 @@ def test_batch_norm_statistics_are_updated_once(budget):
             assert mine.item() == before[name].item() + 1
         else:
             assert not torch.equal(before[name], mine)  # the statistics did move (once: equal to eager's)
+    _assert_same_grads(ex.model, reference, rtol=1e-4, atol=1e-5)
+
+
+def test_batch_norm_stages_are_recomputable_by_the_chain_planners(monkeypatch):
+    """Inductor decomposes BatchNorm: its running-statistics updates are ops of their own that read
+    the buffers the step mutates, which no backward op needs. They run in the forward only, so a
+    chain stage holding one is still recomputable (its recomputation skips them): rotor and
+    hierarchical reach lower peaks than with such stages pinned, and a plan at such a peak
+    compiles, fits its budget, updates the statistics once and gives Inductor's gradients."""
+    from remat.solvers import chain as chain_module
+    from remat.solvers.chain import decompose, first_run_only
+
+    ex = zoo.build("cnn_bn", size="tiny")
+    unplanned = partitioner(budget=None)
+    _step(_through_partitioner(unplanned, copy.deepcopy(ex)), ex)
+    graph = unplanned.last_plan.graph  # the fused graph remat plans under Inductor
+    once = first_run_only(graph)
+    pinned = set(graph.meta["no_backward_recompute"])
+    assert once and once == pinned  # the running-statistics updates, and only they
+    assert all(not set(graph.users[v]) for n in once for v in graph.nodes[n].outputs)  # forward outputs only
+    assert all(stage.recomputable for stage in decompose(graph).stages)
+    smallest = {name: smallest_plan(graph, name).peak_bytes for name in ("rotor", "hierarchical")}
+    for name in smallest:  # each recomputation of a stage leaves the statistics alone
+        plan = make_plan(graph, smallest[name], name)
+        fwd, bwd = plan.schedule()
+        assert not once & set(bwd) and once <= set(fwd)
+    clear_caches()  # the chain planners are cached per graph
+    monkeypatch.setattr(chain_module, "first_run_only", lambda graph: frozenset())  # the stages pinned
+    assert not all(stage.recomputable for stage in decompose(graph).stages)
+    pinned_smallest = {name: smallest_plan(graph, name).peak_bytes for name in smallest}
+    monkeypatch.undo()
+    clear_caches()
+    assert all(smallest[name] < pinned_smallest[name] for name in smallest), (smallest, pinned_smallest)
+
+    reference = copy.deepcopy(ex.model)
+    planned = remat.compile(ex.model, *ex.args, budget=smallest["hierarchical"], solver="hierarchical",
+                            example_kwargs=ex.kwargs, calibrate=False)
+    assert _recomputations(planned.plan) > 0
+    _assert_within_budget_and_near_prediction(planned, ex)
+    _step(planned, ex)
+    _step(reference, _with_model(ex, reference))
+    theirs = dict(reference.named_buffers())
+    for name, mine in ex.model.named_buffers():
+        torch.testing.assert_close(mine, theirs[name], rtol=1e-5, atol=1e-6)
     _assert_same_grads(ex.model, reference, rtol=1e-4, atol=1e-5)
 
 
@@ -416,7 +460,7 @@ def test_bytes_inductor_reuses_buy_a_cheaper_plan_within_the_budget():
     class Stub:
         budget_bytes: int
         peak_bytes: int
-        compute_seconds: float
+        step_seconds: float
         info: dict = field(default_factory=dict)
 
     made = []
@@ -427,10 +471,10 @@ def test_bytes_inductor_reuses_buy_a_cheaper_plan_within_the_budget():
 
     plan = plan_into_reused_bytes(make(1000), 1000, make)
     assert plan.peak_bytes <= 1000 and plan.budget_bytes == 1000
-    assert plan.compute_seconds < 1.0 and plan.info["planned_at_bytes"] == 1010 == made[1]
+    assert plan.step_seconds < 1.0 and plan.info["planned_at_bytes"] == 1010 == made[1]
     made.clear()
     unchanged = plan_into_reused_bytes(Stub(1000, 1000, 1.0), 1000, make)  # nothing left over
-    assert unchanged.compute_seconds == 1.0 and not made
+    assert unchanged.step_seconds == 1.0 and not made
 
 
 @pytest.mark.parametrize("name", ["mlp", "inplace_views", "two_outputs", "gpt2"])

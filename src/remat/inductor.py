@@ -139,7 +139,7 @@ def plan_into_reused_bytes(plan, budget_bytes: int, make, rounds: int = SLACK_RO
         except InfeasibleBudgetError:
             break
         if candidate.peak_bytes <= budget_bytes:
-            if candidate.compute_seconds <= plan.compute_seconds:
+            if candidate.step_seconds <= plan.step_seconds:
                 plan, chosen_at = candidate, trial
             planned_at = trial
         else:
@@ -252,7 +252,8 @@ class RematPartitioner(CustomPartitionerFn):
         least ``OFFLOAD_MIN_GAIN`` cheaper (predicted step time). Near recomputation's smallest budget
         the recomputation solvers' plans can cost far more: ResNet-18 of ``benchmarks/inductor.py`` at
         30 MiB, ``keep_set``'s plan 92 ms predicted and 118 ms measured, ``hybrid``'s 62 and 63 (it
-        offloads nothing there: its refinement found cheaper recomputations). Where the two are close,
+        offloaded nothing: its refinement found cheaper recomputations; that was while BatchNorm stages
+        were pinned for ``hierarchical``, whose own plan there is now 56 ms predicted). Where the two are close,
         recomputation stays (on GPT-2 at fraction 0.2 a hybrid plan predicted 2.5% faster measured
         0.5% slower). No plan costs less than the store-everything step, so the second planning runs
         only when the recomputation plan costs more than that by the same fraction."""

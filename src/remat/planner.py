@@ -71,7 +71,10 @@ def _smallest_key(graph: Graph, solver: str, options: dict) -> tuple:
 
 
 def clear_caches() -> None:
-    """Forget every plan made and every minimum learnt in this process."""
+    """Forget every plan made and every minimum learnt in this process (the chain planners' too)."""
+    from .solvers import rotor
+
+    rotor._CACHE.clear()
     _CACHE.clear()
     _SMALLEST.clear()
     _MINIMUM_KNOWN.clear()
@@ -100,7 +103,7 @@ def auto_solvers(graph: Graph) -> list[str]:
 def _remember(graph: Graph, name: str, options: dict, plan: Plan) -> None:
     key = _smallest_key(graph, name, options)
     old = _SMALLEST.get(key)
-    if old is None or (plan.peak_bytes, plan.compute_seconds) < (old.peak_bytes, old.compute_seconds):
+    if old is None or (plan.peak_bytes, plan.step_seconds) < (old.peak_bytes, old.step_seconds):
         _SMALLEST[key] = plan
 
 
@@ -161,7 +164,7 @@ def smallest_plan(graph: Graph, solver: str = "auto", *, time_limit: float | Non
             plans.append(_SMALLEST.get(_smallest_key(graph, name, opts)))
     if swaps and uses_swaps(graph):
         plans.append(solver_minimum(graph, "hybrid", time_limit=time_limit))
-    return min((p for p in plans if p is not None), key=lambda p: (p.peak_bytes, p.compute_seconds))
+    return min((p for p in plans if p is not None), key=lambda p: (p.peak_bytes, p.step_seconds))
 
 
 def resolve(graph: Graph, budget, solver: str = "auto", *, time_limit: float | None = None, **options) -> int | None:

@@ -48,7 +48,7 @@ class Stage:
     backward: tuple[int, ...]  # backward node ids, in order
     inputs: tuple[int, ...]  # x_{k-1}: activations of the previous stage read here
     outputs: tuple[int, ...]  # x_k: activations of this stage read by later stages
-    recomputable: bool  # no op here reads an input the step mutates
+    recomputable: bool  # no op here that the backward needs reads an input the step mutates
 
 
 @dataclass
@@ -62,6 +62,7 @@ class Chain:
     pinned_bytes: int  # the graph's forward outputs, held by the user from the forward on
     held_backward: list[int]  # H[k]: gradient-side bytes alive when B_k starts
     consumed_backward: list[int] = field(default_factory=list)  # of H[k], bytes whose last reader is in B_k
+    first_run_only: frozenset = frozenset()  # forward ops a stage's recomputation skips (see first_run_only)
     _blocks: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -114,6 +115,33 @@ def differentiable_nodes(graph: Graph) -> set[int]:
             nodes.add(n.id)
             live.update(n.outputs)
     return nodes
+
+
+def first_run_only(graph: Graph) -> frozenset[int]:
+    """Forward ops that read, directly or through each other, an input the step mutates, and that no
+    backward op needs (transitively): BatchNorm's running-statistics updates once Inductor has
+    decomposed the op (``running_mean * (1 - m) + batch_mean * m``). They run in the forward pass
+    only: their outputs are forward outputs (written back into the buffers after the forward), and
+    running them again in the backward would read the buffers already updated. A stage's
+    recomputation skips them, so they do not make the stage unrecomputable."""
+    nodes, values = graph.nodes, graph.values
+    pinned = set(graph.meta.get("no_backward_recompute", ()))
+    if not pinned:
+        return frozenset()
+    needed: set[int] = set()
+    stack = [v for b in graph.backward_nodes for v in b.inputs]
+    while stack:
+        p = values[stack.pop()].producer
+        if p is not None and p not in needed and nodes[p].phase == FORWARD:
+            needed.add(p)
+            stack.extend(nodes[p].inputs)
+    tainted = set(pinned)
+    made_by_tainted: set[int] = set()
+    for n in graph.forward_nodes:
+        if n.id in tainted or any(v in made_by_tainted for v in n.inputs):
+            tainted.add(n.id)
+            made_by_tainted.update(n.outputs)
+    return frozenset(tainted - needed)
 
 
 def _cut_points(graph: Graph, body: list[Node], ignore: set[int]) -> list[int]:
@@ -242,7 +270,8 @@ def _build_chain(graph, body, stage_of, deal, constant_nodes, constant_values) -
         forward[stage_of[n.id]].append(n.id)
     for b in graph.backward_nodes:
         backward[deal[b.id]].append(b.id)
-    no_recompute = set(graph.meta.get("no_backward_recompute", ()))
+    once = first_run_only(graph)
+    no_recompute = set(graph.meta.get("no_backward_recompute", ())) - once
     stages = []
     for k in range(count):
         ins = []
@@ -286,7 +315,7 @@ def _build_chain(graph, body, stage_of, deal, constant_nodes, constant_values) -
             held[k] += v.bytes
         if readers and v.id not in backward_outputs and min(readers) < made:
             consumed[min(readers)] += v.bytes
-    return Chain(graph, stages, constant_nodes, constant_bytes, pinned, held, consumed)
+    return Chain(graph, stages, constant_nodes, constant_bytes, pinned, held, consumed, once)
 
 
 def _block_graph(chain: Chain, k: int) -> Block:
@@ -356,4 +385,4 @@ def _block_graph(chain: Chain, k: int) -> Block:
     )
 
 
-__all__ = ["Chain", "Stage", "Block", "decompose", "differentiable_nodes", "MAX_STAGES"]
+__all__ = ["Chain", "Stage", "Block", "decompose", "differentiable_nodes", "first_run_only", "MAX_STAGES"]

@@ -336,11 +336,19 @@ class ChainDP:
         forward: list[int] = list(chain.constant_nodes)
         backward: list[int] = []
         target = forward
+        ran: set[int] = set()  # stages whose forward ran: a later run is a recomputation
+
+        def run(stage: int, ops) -> None:
+            if stage in ran:
+                ops = [n for n in ops if n not in chain.first_run_only]
+            ran.add(stage)
+            target.extend(ops)
+
         for ev in events:
             if ev[0] == "N":
-                target.extend(chain.stages[ev[1]].forward)
+                run(ev[1], chain.stages[ev[1]].forward)
             elif ev[0] == "F":
-                target.extend((self.tails if ev[3] else self.menus)[ev[1]][ev[2]].forward)
+                run(ev[1], (self.tails if ev[3] else self.menus)[ev[1]][ev[2]].forward)
                 if ev[1] == L - 1:
                     target = backward  # the loss stage's forward ends the forward pass
             elif ev[0] == "S":
