@@ -192,3 +192,37 @@ def test_at_its_smallest_budget_with_measured_workspaces_the_greedy_is_within_5_
     optimum = solve("checkmate_swap", g, budget, time_limit=20)
     assert optimum.info["status"] == "optimal" and greedy.peak_bytes <= budget
     assert greedy.step_seconds <= 1.05 * optimum.step_seconds, (greedy.step_seconds, optimum.step_seconds)
+
+
+def test_a_descent_stalled_above_the_budget_backs_up_from_the_lowest_plan(monkeypatch):
+    """Where every start's descent stalls above the budget (on ResNet-18 under Inductor no single
+    switch lowers the stem's backward), the greedy descends with budget 0 as far as it goes and
+    refines that plan at the budget: it fits, and the memory left buys time back. The stall is
+    forced here: the starts' descents return at once."""
+    import remat.solvers.hybrid as hybrid
+
+    g = chain(10, pinned_forward=True)
+    lowest = solve("hybrid", g, 0)
+    budget = (lowest.peak_bytes + smallest_plan(g, swaps=False).peak_bytes) // 2
+    clear_caches()
+    starts = []
+    real_starts, real_refine = hybrid._starts, hybrid._Search.refine
+    monkeypatch.setattr(hybrid, "_starts", lambda *a: starts.extend(real_starts(*a)) or list(starts))
+    stalled = []
+
+    def refine(self, start, deadline):
+        if self.budget == budget and len(stalled) < len(starts):  # each start: stalled where it began
+            stalled.append(start)
+            return None, self.build(start), 0
+        return real_refine(self, start, deadline)
+
+    monkeypatch.setattr(hybrid._Search, "refine", refine)
+    plan = solve("hybrid", g, budget)
+    assert len(stalled) == len(starts) >= 1
+    assert plan.peak_bytes <= budget and plan.step_seconds < lowest.step_seconds
+
+    clear_caches()
+    stalled.clear()
+    starts.clear()
+    monkeypatch.setattr(hybrid, "_lowest_state", lambda graph, state, limit: (hybrid._Search(graph, 0).build(state), 0))
+    assert solve("hybrid", g, budget).peak_bytes > budget  # without backing up: nothing fits

@@ -72,9 +72,10 @@ def _smallest_key(graph: Graph, solver: str, options: dict) -> tuple:
 
 def clear_caches() -> None:
     """Forget every plan made and every minimum learnt in this process (the chain planners' too)."""
-    from .solvers import rotor
+    from .solvers import hybrid, rotor
 
     rotor._CACHE.clear()
+    hybrid._LOWEST.clear()
     _CACHE.clear()
     _SMALLEST.clear()
     _MINIMUM_KNOWN.clear()
