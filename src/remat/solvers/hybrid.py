@@ -520,11 +520,11 @@ def solve_hybrid(graph: Graph, budget_bytes: int | None, *, time_limit: float | 
         results.append((fit, small, rounds, plan))
     fitting = [r for r in results if r[0] is not None]
     if not fitting and budget > 0:  # stuck above the budget: from the lowest state the greedy reaches, back up
-        _, small, _, plan = min(results, key=lambda r: r[1].key())
+        _, small, _, stalled_start = min(results, key=lambda r: r[1].key())
         lowest, more = _lowest_state(graph, small.state, greedy_limit)
         if lowest.peak <= budget:
             fit, _, rounds = search.refine(lowest.state, time.perf_counter() + greedy_limit)
-            results.append((fit, lowest, more + rounds, plan))
+            results.append((fit, lowest, more + rounds, stalled_start))
             fitting = [r for r in results if r[0] is not None]
     if fitting:
         fit, _, rounds, start = min(fitting, key=lambda r: (r[0].step, r[0].peak))
