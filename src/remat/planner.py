@@ -74,8 +74,8 @@ def clear_caches() -> None:
     """Forget every plan made and every minimum learnt in this process (the chain planners' too)."""
     from .solvers import hybrid, rotor
 
-    rotor._CACHE.clear()
-    hybrid._LOWEST.clear()
+    rotor.clear_cache()
+    hybrid.clear_cache()
     _CACHE.clear()
     _SMALLEST.clear()
     _MINIMUM_KNOWN.clear()

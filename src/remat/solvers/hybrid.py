@@ -478,6 +478,11 @@ def _starts(graph: Graph, budget: int, time_limit: float) -> list[Plan]:
 _LOWEST: dict = {}  # graph's planning key -> (lowest evaluation, rounds): the same for every budget
 
 
+def clear_cache() -> None:
+    """Forget the lowest plans found in this process."""
+    _LOWEST.clear()
+
+
 def _lowest_state(graph: Graph, state: State, time_limit: float) -> tuple[_Eval, int]:
     """The greedy's descent from ``state`` with budget 0 (every byte is over it, so each round
     lowers the peak or the bytes held over the whole step): the lowest plan it reaches, once per

@@ -422,6 +422,11 @@ _CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = 8
 
 
+def clear_cache() -> None:
+    """Forget the chain planners made in this process."""
+    _CACHE.clear()
+
+
 def cached(key: tuple, make):
     """An LRU cache of chain planners (decomposition, menus, DP tables) shared across budgets."""
     if key in _CACHE:
