@@ -373,3 +373,30 @@ def test_hybrid_plan_at_its_smallest_budget_measures_within_the_budget():
     ex.model.zero_grad(set_to_none=True)
     measured, _ = peak_memory_growth(lambda: ex.loss(module(*ex.args, **ex.kwargs)).backward())
     assert measured <= budget, (measured, budget)
+
+
+def test_file_store_checks_every_chunk_of_a_large_tensor(tmp_path):
+    """Tensors over ``CHECK_CHUNK_BYTES`` are checksummed per chunk on the checker threads while
+    they are written and read: the round trip is bitwise, and a bit flipped in any chunk, the short
+    last one included, is caught."""
+    store = runtime.OffloadStore(runtime.FILE_STORE, dir=str(tmp_path))
+    chunk = runtime.CHECK_CHUNK_BYTES
+    t = torch.randn(7 * chunk // 32 + 3, 4)[:, 1:3]  # 3.5 chunks of storage span, not contiguous
+    for flipped in (None, 0, chunk + 5, 3 * chunk + 7):
+        handle = store.offload(t)
+        (entry,) = store.entries.values()
+        assert len(entry.crcs) == 4
+        if flipped is not None:
+            path = os.path.join(store.folder, store.files()[0])
+            data = bytearray(open(path, "rb").read())
+            data[flipped] ^= 0x10
+            open(path, "wb").write(data)
+            with pytest.raises(OffloadError, match="corrupt"):
+                store.reload(handle)
+        else:
+            back = store.wait(handle, store.reload(handle))
+            assert back.stride() == t.stride() and torch.equal(back, t)
+        del handle
+        gc.collect()
+    assert store.files() == []
+    store.close()
