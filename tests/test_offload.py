@@ -400,3 +400,23 @@ def test_file_store_checks_every_chunk_of_a_large_tensor(tmp_path):
         gc.collect()
     assert store.files() == []
     store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_file_store_checksums_in_a_forked_child(tmp_path):
+    """A child forked after the parent started its checksum threads starts its own (it has none of
+    the parent's: without that, its first large offload would wait forever)."""
+    store = runtime.OffloadStore(runtime.FILE_STORE, dir=str(tmp_path))
+    t = torch.arange(3 * runtime.CHECK_CHUNK_BYTES // 4, dtype=torch.float32)
+    store.wait(h := store.offload(t), store.reload(h))  # the parent's threads exist now
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if a multi-chunk round trip works
+        ok = False
+        try:
+            h = store.offload(t * 2)
+            ok = torch.equal(store.wait(h, store.reload(h)), t * 2)
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    store.close()

@@ -95,18 +95,26 @@ PINNED_STORE = "pinned"
 CHECK_CHUNK_BYTES = 2**20
 CHECK_THREADS = max(1, min(4, os.cpu_count() or 1))
 _CHECKERS: ThreadPoolExecutor | None = None
-_CHECKERS_PID = 0
 _CHECKERS_LOCK = threading.Lock()
 
 
 def _checkers() -> ThreadPoolExecutor:
-    """The threads that checksum file-store copies (made again in a forked child, which has none)."""
-    global _CHECKERS, _CHECKERS_PID
+    """The threads that checksum file-store copies, started on first use."""
+    global _CHECKERS
     with _CHECKERS_LOCK:
-        if _CHECKERS is None or _CHECKERS_PID != os.getpid():
+        if _CHECKERS is None:
             _CHECKERS = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="remat-offload-crc")
-            _CHECKERS_PID = os.getpid()
         return _CHECKERS
+
+
+def _forget_checkers_after_fork() -> None:
+    """A forked child (a DataLoader worker, say) has none of its parent's threads: it starts its own."""
+    global _CHECKERS, _CHECKERS_LOCK
+    _CHECKERS, _CHECKERS_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_checkers_after_fork)
 
 
 def _chunks(buf) -> list[memoryview]:
