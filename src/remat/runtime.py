@@ -88,10 +88,10 @@ from .errors import OffloadError
 FILE_STORE = "file"
 PINNED_STORE = "pinned"
 # The file store checks what it reads back against a CRC-32 of each CHECK_CHUNK_BYTES of what it
-# wrote. The checksums run on CHECK_THREADS threads beside the copy itself (zlib releases the GIL),
-# so they cost little of the copy's time: computed one after the other they were 40-55% of it
-# (CRC-32 at ~7 GB/s against page-cache writes at 5 GB/s and reads at 5-20 GB/s, on this project's
-# 2-core test machine).
+# wrote. The checksums run on CHECK_THREADS threads beside the copy itself (zlib releases the GIL).
+# Computed after the copy (CRC-32 at ~7 GB/s, page-cache writes at ~5 GB/s and reads at 5-20 GB/s),
+# they held offloads to 3.0-3.4 GB/s instead of 4.6-5.8 and reloads to 3.8-4.2 instead of 3.9-4.7
+# (measured on a 2-core machine, cost/transfer.py's method).
 CHECK_CHUNK_BYTES = 2**20
 CHECK_THREADS = max(1, min(4, os.cpu_count() or 1))
 _CHECKERS: ThreadPoolExecutor | None = None
