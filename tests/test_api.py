@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 import remat
-from remat import zoo
+from remat import models as zoo
 from remat.budget import BudgetError, parse_size, resolve_budget
 
 from .models.helpers import assert_bitwise, run_step

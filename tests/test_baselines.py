@@ -6,7 +6,7 @@ from functools import lru_cache
 import pytest
 
 import remat
-from remat import zoo
+from remat import models as zoo
 from remat.errors import SolverError
 from remat.graph import BACKWARD, GraphBuilder
 from remat.solvers import SOLVERS, solve

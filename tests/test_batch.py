@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 import remat
-from remat.batch import BatchSearchError, _is_oom, _search
+from remat.tools.max_batch import BatchSearchError, _is_oom, _search
 from remat.errors import InfeasibleBudgetError
 from remat.measure import peak_memory_growth
 

@@ -6,11 +6,11 @@ import re
 import pytest
 
 import remat
-from remat import zoo
+from remat import models as zoo
 from remat.budget import (BudgetError, bytes_to_fraction, fixed_bytes, fraction_to_bytes, is_min,
                           resolve_budget)
 from remat.graph import GraphBuilder
-from remat.planner import FAST_SOLVERS, make_plan, resolve
+from remat.solvers.planner import FAST_SOLVERS, make_plan, resolve
 from remat.solvers import solve
 
 

@@ -1,4 +1,4 @@
-"""Plans on disk (graph hash, versions, clear errors) and the on-disk plan cache (remat.cache)."""
+"""Plans on disk (graph hash, versions, clear errors) and the on-disk plan cache (remat.solvers.cache)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 import remat
-from remat import cache
+from remat.solvers import cache
 from remat.errors import InvalidPlanError
 from remat.plan import PlanGraphMismatchError
 

@@ -3,7 +3,7 @@
 import torch
 
 import remat
-from remat import zoo
+from remat import models as zoo
 from remat.graph import ACTIVATION, BACKWARD, FORWARD, INPUT, TANGENT
 
 

@@ -12,7 +12,7 @@ import pytest
 from remat.errors import SolverError, SolverTimeLimitWarning
 from remat.graph import Graph, GraphBuilder
 from remat.plan import OFFLOAD, RELOAD
-from remat.planner import clear_caches
+from remat.solvers.planner import clear_caches
 from remat.solvers import available, solve
 
 from .swap_graphs import transfer_chain

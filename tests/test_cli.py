@@ -1,4 +1,4 @@
-"""The ``remat`` command end to end (``remat.cli.main``): every command on a tiny zoo model and on a
+"""The ``remat`` command end to end (``remat.tools.cli.main``): every command on a tiny zoo model and on a
 ``module:factory`` model, each writing a PNG or JSON that is read back; and the one-line errors."""
 
 import re
@@ -7,7 +7,7 @@ import matplotlib.image
 import pytest
 
 import remat
-from remat.cli import main, parse_budget
+from remat.tools.cli import main, parse_budget
 
 from .cli_models import tiny_mlp
 

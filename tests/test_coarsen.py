@@ -2,9 +2,9 @@
 
 import pytest
 
-from remat import zoo
+from remat import models as zoo
 from remat.api import capture_and_plan
-from remat.coarsen import AUTO_MAX_NODES, coarsen_graph, group_nodes, resolve_level
+from remat.solvers.coarsen import AUTO_MAX_NODES, coarsen_graph, group_nodes, resolve_level
 from remat.errors import SolverError
 from remat.solvers import solve
 

@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from remat import zoo
+from remat import models as zoo
 from remat.api import capture_and_plan
 from remat.cost import make_cost_fn, profile
 from remat.cost.profile import ProfileCostModel, index_bound

@@ -1,4 +1,4 @@
-"""remat.fusion: the fused graph remat plans Inductor-compiled steps on.
+"""remat.inductor.fusion: the fused graph remat plans Inductor-compiled steps on.
 
 The joint graphs here are traced with AOTAutograd and no code generation (fast); the measured
 peaks of compiled steps are checked in test_inductor.py."""
@@ -11,9 +11,9 @@ from torch._functorch.partitioners import default_partition
 
 from remat.capture import capture_joint
 from remat.cost.flops import node_flops
-from remat.cost.inductor import InductorCostModel
+from remat.inductor.cost import InductorCostModel
 from remat.cost.machine import Roofline
-from remat.fusion import _generated_by_inductor, addmm_pairs, fuse, fusion_groups
+from remat.inductor.fusion import generated_by_inductor as _generated_by_inductor, addmm_pairs, fuse, fusion_groups
 
 from .models.helpers import without_codegen
 

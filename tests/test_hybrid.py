@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 
 import remat
-from remat import zoo
+from remat import models as zoo
 from remat.errors import InfeasibleBudgetError, SolverError
 from remat.graph import Graph
 from remat.plan import OFFLOAD, RELOAD
-from remat.planner import clear_caches, make_plan, recomputation_plan, smallest_plan
+from remat.solvers.planner import clear_caches, make_plan, recomputation_plan, smallest_plan
 from remat.solvers import solve
 
 from .swap_graphs import transfer_chain

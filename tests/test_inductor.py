@@ -12,16 +12,17 @@ import pytest
 import torch
 
 import remat
-from remat import zoo
-from remat.api import _unwrap_compile_error
+from remat import models as zoo
+from remat.capture import unwrap_compile_error as _unwrap_compile_error
 from remat.capture import capture_joint
 from remat.errors import InfeasibleBudgetError
-from remat.fusion import fuse
-from remat import inductor as inductor_module
+from remat.inductor.fusion import fuse
+from remat.inductor import partition as inductor_module
+from remat.inductor import scheduling
 from remat.inductor import (INDUCTOR_CONSTRAINTS, MEMORY_BEFORE, PLAN_PEAK, inductor_options, measured_step_peak,
                             partitioner)
 from remat.plan import COMPUTE
-from remat.planner import clear_caches, make_plan, smallest_plan, store_all_plan
+from remat.solvers.planner import clear_caches, make_plan, smallest_plan, store_all_plan
 
 from .models.helpers import without_codegen
 
@@ -264,7 +265,7 @@ def test_the_fused_graph_hides_inlined_values_and_never_raises_the_store_all_pea
 def test_each_reader_of_a_seeded_dropout_mask_draws_its_own_copy():
     """Inductor's seeded random values: the mask the forward and the backward both read becomes one
     copy per reader, the backward's in the backward, reading the seeds; no mask is left to store."""
-    from remat.fusion import INDUCTOR_RANDOM, draw_random_per_reader
+    from remat.inductor.fusion import INDUCTOR_RANDOM, draw_random_per_reader
 
     gm, num_fwd_outputs = _joint_graph_of(zoo.build("dropout_mlp", size="tiny"))
     draws = [n for n in gm.graph.nodes if str(n.target) == INDUCTOR_RANDOM]
@@ -310,7 +311,7 @@ def test_light_forward_values_are_computed_again_inside_each_backward_reader():
     """The layer norm's output gets a copy for its backward reader, in the backward, with one reader
     (the fused graph computes it inside that reader's kernel; the forward does not store it); the
     sigmoid's output (heavy) and ``h * sigmoid(h)`` (inputs larger than it) are still read by the backward."""
-    from remat.fusion import _depends_on_tangents, recompute_light_values_per_reader
+    from remat.inductor.fusion import _depends_on_tangents, recompute_light_values_per_reader
 
     aten = torch.ops.aten
     gm, num_fwd_outputs = _joint_graph_of(_light_heavy_example())
@@ -383,7 +384,7 @@ def test_a_tied_embeddings_late_gradient_add_keeps_its_product_where_the_plan_pu
     the logits' gradient and the last hidden state alive through the backward and leaving no chain
     of blocks; remat's lowering keeps the product apart, so hierarchical plans blocks, the measured
     peak is the predicted one within the budget, and gradients are Inductor's own step's."""
-    from remat import fusion
+    from remat.inductor import fusion
 
     deferred = []
     real = fusion.deferred_addmm_adds
@@ -521,7 +522,7 @@ def test_offloading_plan_compiles_with_inductor():
     """``solver="hybrid"`` under Inductor: offloads and reloads run as the operators remat::offload
     and remat::reload (synchronous copies, planned so), the measured peak is within the budget and
     near the prediction, the gradients are Inductor's own unplanned step's, and no file is left."""
-    from remat import runtime
+    from remat.execute import offload as runtime
 
     ex = zoo.build("mlp", size="small")
     reference = copy.deepcopy(ex.model)
@@ -546,7 +547,7 @@ def test_replayed_random_ops_do_not_keep_their_inputs_alive():
     import gc
     import weakref
 
-    from remat.compiled_ops import decode_call, encode_call
+    from remat.execute.compiled_ops import decode_call, encode_call
 
     op = torch.ops.aten.native_dropout.default
     call, _ = encode_call(op, (torch.empty(64, 64), 0.1, True), {})
@@ -635,7 +636,7 @@ def test_kernels_fuse_only_where_the_fused_kernel_stays_within_the_plans_peak(mo
     (reading the dying scores in its row reductions) fused with the dropout after it would hold
     the scores, the probabilities, the dropout's output and its mask at once: 140 bytes where the
     plan peaks at 100. An output written into an input that dies inside the kernel adds nothing."""
-    from remat import inductor
+    from remat.inductor import scheduling as inductor
 
     monkeypatch.setattr(inductor, "_buffer_bytes", lambda buf: buf.nbytes)
     scheduler = types.SimpleNamespace(name_to_buf={})
@@ -722,7 +723,7 @@ def test_the_smallest_budget_measures_its_prediction_on_gpt2():
 
 def test_a_smallest_budget_measured_above_its_plan_warns(monkeypatch):
     """``budget="min"`` has no lower plan to re-plan to: a measured peak above it is kept and said."""
-    from remat import inductor
+    from remat.inductor import calibration as inductor
     from remat.errors import MeasuredAboveBudgetWarning
 
     plan = types.SimpleNamespace(peak_bytes=1000, info={})
@@ -762,12 +763,12 @@ def test_a_dropout_mask_the_fused_graph_stores_is_stored_where_its_copy_has_one_
     expanded = types.SimpleNamespace(instructions=[types.SimpleNamespace(target=i) for i in range(len(ops))])
     random_ops = {0, 3}
     original = types.SimpleNamespace(nodes=[
-        types.SimpleNamespace(op=inductor_module.INDUCTOR_RANDOM if i in random_ops else str(n.target))
+        types.SimpleNamespace(op=scheduling.INDUCTOR_RANDOM if i in random_ops else str(n.target))
         for i, n in enumerate(ops)])
     members = [[0, 1], [2], [3, 4], *([i] for i in range(5, len(ops)))]
     expected = gm(x)
 
-    assert inductor_module.store_random_masks([gm], expanded, types.SimpleNamespace(members=members, original=original)) == 1
+    assert scheduling.store_random_masks([gm], expanded, types.SimpleNamespace(members=members, original=original)) == 1
     stored = [n for n in gm.graph.nodes if n.target is torch.ops.prims.inductor_force_stride_order.default]
     assert [n.args[0].name for n in stored] == [ops[1].name]
     assert stored[0].meta["remat_instruction"] == 1 and list(stored[0].users) == [ops[5]]

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 import remat
 from remat.errors import SolverError
 from remat.plan import Plan
-from remat.planner import make_plan
+from remat.solvers.planner import make_plan
 from remat.solvers import solve
 from remat.solvers.checkmate import solve_milp
 from remat.solvers.checkmate_model import value_roles

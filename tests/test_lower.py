@@ -3,9 +3,9 @@
 import torch
 
 import remat
-from remat import zoo
-from remat.lower import BATCH_NORM_NO_STATS, lower
-from remat.runtime import replay_random, rng_state
+from remat import models as zoo
+from remat.execute.lowering import BATCH_NORM_NO_STATS, lower
+from remat.execute.runtime import replay_random, rng_state
 
 
 def lowered(name, solver):
@@ -45,7 +45,7 @@ def test_batch_norm_recomputed_in_backward_leaves_running_stats_alone():
 
 def test_boxed_graphs_empty_their_argument_list():
     """The boxed convention lets every input die at its last use instead of living in the caller's list."""
-    from remat.runtime import boxed
+    from remat.execute.runtime import boxed
 
     plan, cap, fwd, bwd = lowered("mlp", "store_all")
     gm = boxed(fwd)

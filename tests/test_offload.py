@@ -10,7 +10,7 @@ import numpy
 import pytest
 import torch
 
-from remat import runtime
+from remat.execute import offload as runtime
 from remat.errors import InvalidPlanError, OffloadError
 from remat.graph import BACKWARD, GraphBuilder
 from remat.plan import COMPUTE, FREE, OFFLOAD, RELOAD, Instruction, Plan, simulate
@@ -317,7 +317,7 @@ def test_store_round_trip_keeps_strides_and_dtype(shape_stride):
 
 
 def test_transfer_costs_are_measured_and_cached():
-    from remat.cost.transfer import transfer_costs
+    from remat.execute.transfer import transfer_costs
 
     costs = transfer_costs("cpu")
     assert costs.d2h_bytes_per_s > 1e6 and costs.h2d_bytes_per_s > 1e6 and costs.latency_s >= 0
@@ -345,7 +345,7 @@ def test_pinned_store_round_trip_on_a_side_stream():
 
 @cuda
 def test_pinned_offload_gradients_bitwise_on_cuda():
-    from remat import zoo
+    from remat import models as zoo
     from remat.measure import peak_memory_growth
 
     ex = zoo.build("gpt2", size="tiny", device="cuda")  # its inputs are keyword arguments
@@ -364,7 +364,7 @@ def test_hybrid_plan_at_its_smallest_budget_measures_within_the_budget():
     """The measured peak of an executed offloading plan is at most its budget, to the byte: the
     handles the store returns (one per value out) live outside torch's allocator. (They were 0-d
     torch tensors: a hybrid plan at its smallest budget measured 72 bytes over.)"""
-    import remat.planner as planner
+    import remat.solvers.planner as planner
     from remat.measure import peak_memory_growth
 
     ex = fresh("gpt2", size="small")

@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 import remat
-from remat import zoo
+from remat import models as zoo
 from remat.api import capture_and_plan
 from remat.errors import SolverError, SolverTimeLimitWarning
 from remat.graph import BACKWARD, GraphBuilder
@@ -16,7 +16,8 @@ from remat.solvers import checkmate as checkmate_module
 from remat.solvers import solve
 from remat.solvers.chain import decompose
 from remat.solvers.hierarchical import hierarchical_planner
-from remat.solvers.rotor import _CACHE, rotor_planner
+from remat.solvers.planner import clear_caches
+from remat.solvers.rotor import rotor_planner
 
 from .exhaustive import cheapest_plan
 from .test_plan import chain
@@ -147,7 +148,7 @@ def test_rotor_refuses_a_graph_that_is_one_big_block():
 def test_a_budget_below_every_plan_names_the_minimum_when_a_solver_does_not_apply():
     """``auto``'s fallbacks include rotor, which refuses this graph: the error still names the
     smallest budget (it raised a KeyError once, from the refused solver's missing minimum)."""
-    from remat.planner import clear_caches, make_plan, solver_minimum
+    from remat.solvers.planner import clear_caches, make_plan, solver_minimum
 
     clear_caches()
     g = _long_skip()
@@ -260,7 +261,7 @@ def test_identical_blocks_are_solved_once_and_new_budgets_rerun_only_the_dp(monk
         return real(graph, *args, **kwargs)
 
     monkeypatch.setattr(checkmate_module, "solve_milp", counting)
-    _CACHE.clear()
+    clear_caches()
     g = residual_blocks([(300, 300)] * 4, [(2.0, 1.0)] * 4, name="four_same")
     hierarchical_planner(g)
     # four residual blocks, two backward deals: per deal one class for the blocks that are alike
@@ -275,7 +276,7 @@ def test_identical_blocks_are_solved_once_and_new_budgets_rerun_only_the_dp(monk
 
 
 def test_rotor_tables_serve_nearby_budgets():
-    _CACHE.clear()
+    clear_caches()
     g = chain(n=8, size=10_000)
     planners = rotor_planner(g)  # one DP per backward deal
     top = solve("store_all", g, None).peak_bytes
@@ -286,13 +287,13 @@ def test_rotor_tables_serve_nearby_budgets():
 
 
 def test_hierarchical_time_limit_warns_and_still_plans():
-    _CACHE.clear()
+    clear_caches()
     ex = zoo.build("gpt2", size="small")
     plan, _ = capture_and_plan(ex.model, *ex.args, solver="store_all", **ex.kwargs)
     with pytest.warns(SolverTimeLimitWarning, match="time limit"):
         p = solve("hierarchical", plan.graph, int(plan.peak_bytes * 0.6), time_limit=0.0)
     assert p.fits() and "incomplete" in p.info["status"]
-    _CACHE.clear()
+    clear_caches()
 
 
 def test_below_the_smallest_peak_rotor_returns_its_smallest_plan():
@@ -300,7 +301,7 @@ def test_below_the_smallest_peak_rotor_returns_its_smallest_plan():
     smallest = solve("rotor", g, 0)
     assert smallest.peak_bytes == solve("checkmate", g, 0).peak_bytes
     with pytest.raises(remat.InfeasibleBudgetError) as err:
-        from remat.planner import make_plan
+        from remat.solvers.planner import make_plan
 
         make_plan(g, smallest.peak_bytes - 1, "rotor")
     assert err.value.min_budget_bytes == smallest.peak_bytes

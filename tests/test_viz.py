@@ -1,11 +1,11 @@
-"""remat.viz on hand-built graphs: the schedule matrix's stages, and every plot written and read back."""
+"""remat.tools.plots on hand-built graphs: the schedule matrix's stages, and every plot written and read back."""
 
 import matplotlib.image
 import numpy as np
 import pytest
 
-from remat import viz
-from remat.api import ParetoFront
+from remat.tools import plots as viz
+from remat.tools.pareto import ParetoFront
 from remat.measure import StepMeasurement
 from remat.solvers import solve
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from remat import zoo
+from remat import models as zoo
 
 TRANSFORMERS_MODELS = {"gpt2", "bert", "vit", "llama"}
 REQUIRED = ["mlp", "cnn_bn", "dropout_mlp", "inplace_views", "tied", "two_outputs", "resnet", "gpt2",

@@ -10,11 +10,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import linecache
-import os
-import re
 import sys
 import types
 import warnings
@@ -25,76 +21,17 @@ import torch
 import torch.nn as nn
 
 from .backend import BackendOptions, remat_backend
-from .capture import Capture
+from .capture import (Capture, PlanReady, check_unwrapped, detached_copies, no_lasting_effects,
+                      training_step_mode, unwrap_compile_error)
 from .cost import DEFAULT_COST_MODEL, INDUCTOR_COST_MODEL
-from .errors import CaptureError, InfeasibleBudgetError, NotTrainingWarning, RematError, SolverError
-from .integrations import check_unwrapped
+from .errors import CaptureError, NotTrainingWarning
 from .plan import Plan
-from .solvers import available as available_solvers
 
 
 _NO_TRAINING_GRAPH = (
     "the model's forward produced no training graph: nothing it computes requires gradients. "
     "Check that its parameters (or inputs) have requires_grad=True; remat plans training steps."
 )
-
-
-class _PlanReady(Exception):
-    """Raised from inside the backend by :func:`plan` to stop before anything runs."""
-
-
-def _unwrap_compile_error(err: BaseException) -> BaseException:
-    """The remat error inside Dynamo's wrapper, or a CaptureError naming the graph break."""
-    seen = err
-    while seen is not None:
-        if isinstance(seen, (RematError, _PlanReady)):
-            return seen
-        seen = getattr(seen, "inner_exception", None) or seen.__cause__
-    dynamo_exc = torch._dynamo.exc
-    if isinstance(err, (dynamo_exc.Unsupported, dynamo_exc.UserError)):
-        return _capture_error(err)
-    return err
-
-
-_NOT_USER_CODE = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(torch.__file__)))
-
-
-def _user_frame(err: BaseException) -> tuple[str, int, str] | None:
-    """(file, line, source text) of the innermost frame of the user's code where Dynamo stopped.
-
-    Dynamo's graph-break exceptions carry the traced user stack as ``real_stack``; its
-    message repeats it under "from user code:", which is read when the attribute is missing.
-    Frames of remat and torch are skipped."""
-    frames = [(f.filename, f.lineno, (f.line or "").strip()) for f in getattr(err, "real_stack", None) or ()]
-    if not frames:
-        found = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)', str(err))
-        frames = [(f, int(n), src.strip()) for f, n, src in found]
-    for filename, lineno, line in reversed(frames):
-        if not os.path.abspath(filename).startswith(_NOT_USER_CODE):
-            if not line:
-                line = linecache.getline(filename, lineno).strip()
-            return filename, lineno, line
-    return None
-
-
-def _capture_error(err: BaseException) -> CaptureError:
-    """A CaptureError for Dynamo's graph-break ``err``: what, where (file, line, source) and what to do."""
-    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-    reason = lines[0] if lines else type(err).__name__
-    where = _user_frame(err)
-    if where is None:
-        at = ""
-        caused = next((ln for ln in lines if ln.startswith("Caused by:")), "")
-        reason = f"{reason} {caused}".strip()
-    else:
-        at = f" at {where[0]}, line {where[1]}: `{where[2]}`"
-    return CaptureError(
-        f"remat needs the model's forward as one graph, but Dynamo could not capture it{at} "
-        f"({type(err).__name__}: {reason}). Rewrite that line without data-dependent Python control flow "
-        "(an `if` on a tensor's value, .item() in a condition or a shape) or the unsupported call, for example "
-        "with torch.where, or plan the parts on either side of it separately.",
-        filename=where and where[0], lineno=where and where[1], line=where and where[2],
-    )
 
 
 def _user_stacklevel() -> int:
@@ -142,18 +79,6 @@ def _entry_point(model: nn.Module):
 
 def _compile(model: nn.Module, options: dict):
     return torch.compile(_entry_point(model), backend=remat_backend, options=options, fullgraph=True, dynamic=False)
-
-
-@contextlib.contextmanager
-def _no_lasting_effects(model: nn.Module):
-    """Run a forward pass for capture without changing RNG streams or buffers."""
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
-    devices = sorted({b.device.index for b in model.parameters() if b.device.type == "cuda"} - {None})
-    with torch.random.fork_rng(devices=devices):
-        yield
-    with torch.no_grad():
-        for b, saved in buffers:
-            b.copy_(saved)
 
 
 class _WeakCallback:
@@ -238,7 +163,7 @@ class RematModule(nn.Module):
                 with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                     return self._remat_compiled(*args, **kwargs)
         except Exception as err:  # surface remat's own errors, not Dynamo's wrapper
-            inner = _unwrap_compile_error(err)
+            inner = unwrap_compile_error(err)
             if isinstance(inner, CaptureError):
                 check_unwrapped(self._remat_original)  # wrapped by DDP/FSDP after optimize: say so
             if inner is err:
@@ -284,7 +209,7 @@ def optimize(
     afterwards, so this leaves no trace on training. Raises
     :class:`~remat.errors.InfeasibleBudgetError` when no plan fits and
     :class:`~remat.errors.CaptureError` when the forward cannot be captured as one graph.
-    Plans are kept in the on-disk plan cache (:mod:`remat.cache`) unless ``cache=False``.
+    Plans are kept in the on-disk plan cache (:mod:`remat.solvers.cache`) unless ``cache=False``.
 
     ``compiler``: ``"eager"`` (the default) runs the plan as unfused ATen ops, exactly as planned
     (bitwise gradients, every solver, offloading included); ``"inductor"`` has Inductor compile the
@@ -294,7 +219,7 @@ def optimize(
     (``fullgraph``, ``dynamic``, ...) pass to ``torch.compile``. ``cost_model`` (see :mod:`remat.cost`)
     defaults to ``"profile"``, and to ``"inductor"`` with ``compiler="inductor"``: Inductor's generated
     kernels are its own code rather than the ATen kernels a profile times, so they are costed by the
-    roofline, a fused group as one kernel (:mod:`remat.cost.inductor`).
+    roofline, a fused group as one kernel (:mod:`remat.inductor.cost`).
     """
     _warn_if_not_training(model)
     if not torch.is_grad_enabled():
@@ -311,9 +236,9 @@ def optimize(
                    time_limit=time_limit, solver_options=solver_options or {}, cache=cache)
     wrapped = RematModule(model, options, compiler=compiler, mode=mode, inductor_options=inductor_options,
                           compile_kwargs=compile_kwargs)
-    with _training_step_mode():
-        args, kwargs = _detached_copies(example_args), _detached_copies(example_kwargs)  # forward may mutate them
-        with _no_lasting_effects(model):
+    with training_step_mode():
+        args, kwargs = detached_copies(example_args), detached_copies(example_kwargs)  # forward may mutate them
+        with no_lasting_effects(model):
             wrapped(*args, **kwargs)
     if wrapped.plan is None:
         raise CaptureError(_NO_TRAINING_GRAPH)
@@ -329,7 +254,7 @@ def _calibrate(wrapped: RematModule, args: tuple, kwargs: dict) -> None:
     try:
         calibrate(wrapped, lambda margin: RematPartitioner(options, margin), args, kwargs)
     except Exception as err:
-        inner = _unwrap_compile_error(err)
+        inner = unwrap_compile_error(err)
         if inner is err:
             raise
         raise inner from err
@@ -372,22 +297,6 @@ def compile(
     return wrapped
 
 
-@contextlib.contextmanager
-def _training_step_mode():
-    """Gradients enabled and inference mode off, for capturing a training step."""
-    with torch.inference_mode(False), torch.enable_grad():
-        yield
-
-
-def _detached_copies(tree):
-    def copy(t):
-        if isinstance(t, torch.Tensor):
-            return t.detach().clone().requires_grad_(t.requires_grad)
-        return t
-
-    return torch.utils._pytree.tree_map(copy, tree)
-
-
 def plan(
     model: nn.Module,
     *example_args,
@@ -416,103 +325,21 @@ def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_mode
 
     def stop(plan: Plan, capture: Capture):
         result.append((plan, capture))
-        raise _PlanReady()
+        raise PlanReady()
 
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
                    time_limit=time_limit, solver_options=solver_options or {}, on_plan=stop, cache=cache)
     _warn_if_not_training(model)
     compiled = _compile(model, options)
     try:
-        with _training_step_mode():
+        with training_step_mode():
             compiled(*example_args, **example_kwargs)
     except Exception as err:
-        inner = _unwrap_compile_error(err)
-        if not isinstance(inner, _PlanReady):
+        inner = unwrap_compile_error(err)
+        if not isinstance(inner, PlanReady):
             if inner is err:
                 raise
             raise inner from err
     if not result:
         raise CaptureError(_NO_TRAINING_GRAPH)
     return result[0]
-
-
-DEFAULT_PARETO_SOLVERS = ("hierarchical", "rotor", "chen_sqrt")
-DEFAULT_PARETO_BUDGETS = (1.0, 0.8, 0.6, 0.5, 0.4, 0.3, 0.25, 0.2, 0.15, 0.1)
-
-
-class ParetoFront(dict):
-    """``front[solver]``: one :class:`Plan` per budget (``None`` where the solver found none within it).
-
-    ``front.budgets`` are the budgets in bytes, ``front.store_all_peak`` the unplanned step's peak,
-    ``front.fixed_bytes`` the part of it no plan changes (see :mod:`remat.budget`).
-    """
-
-    budgets: list[int]
-    store_all_peak: int
-    fixed_bytes: int
-
-    def table(self) -> str:
-        """A text table: predicted overhead (and peak) of each solver at each budget."""
-        head = f"{'budget':>12}" + "".join(f"{s:>22}" for s in self)
-        rows = [head]
-        for k, b in enumerate(self.budgets):
-            cells = []
-            for plans in self.values():
-                p = plans[k]
-                cells.append(f"{'—':>22}" if p is None else f"{p.overhead * 100:+8.1f}% {p.peak_bytes / 2**20:9.1f} MiB")
-            rows.append(f"{b / 2**20:8.1f} MiB" + "".join(cells))
-        return "\n".join(rows)
-
-    def plot(self, path=None, **kwargs):
-        """Overhead against budget, one line per solver (:func:`remat.viz.plot_pareto`)."""
-        from .viz import plot_pareto
-
-        return plot_pareto(self, path, **kwargs)
-
-
-def pareto(model, *example_args, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT_PARETO_BUDGETS,
-           cost_model: Any = DEFAULT_COST_MODEL, workspace: str = "measure", time_limit: float | None = None,
-           cache: bool = True, **example_kwargs) -> ParetoFront:
-    """Plan ``model``'s training step with each of ``solvers`` at each of ``budgets``.
-
-    The model is captured once. Budgets are as in :func:`optimize`: bytes, sizes, fractions of the
-    memory a plan can change, or ``"min"`` (the smallest budget ``auto`` meets). Returns a :class:`ParetoFront`: for each solver, one plan per budget, or
-    ``None`` where it has no plan within that budget. ``rotor`` and ``hierarchical`` keep their
-    decomposition, block menus and DP tables across budgets, so each further budget costs only
-    the DP; the other solvers plan each budget from scratch.
-    """
-    for name in solvers:
-        if name != "auto" and name not in available_solvers():
-            raise SolverError(f"unknown solver {name!r}; choose 'auto' or one of {', '.join(available_solvers())}")
-    base, _ = capture_and_plan(model, *example_args, solver="store_all", cost_model=cost_model,
-                               workspace=workspace, cache=cache, **example_kwargs)
-    return pareto_of_graph(base.graph, solvers=solvers, budgets=budgets, cost_model=cost_model,
-                           time_limit=time_limit, cache=cache)
-
-
-def pareto_of_graph(graph, *, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT_PARETO_BUDGETS,
-                    cost_model: Any = DEFAULT_COST_MODEL, time_limit: float | None = None, cache: bool = True,
-                    on_plan=None) -> ParetoFront:
-    """:func:`pareto` on a captured :class:`~remat.graph.Graph`; ``on_plan(solver, budget_bytes, plan_or_None)``
-    is called after each cell (the CLI's progress bar)."""
-    from .budget import fixed_bytes
-    from .cache import plan_with_cache
-    from .planner import resolve, store_all_plan
-
-    budget_bytes = [resolve(graph, b, time_limit=time_limit) for b in budgets]  # "min": auto's smallest
-    front = ParetoFront()
-    front.budgets, front.fixed_bytes = budget_bytes, fixed_bytes(graph)
-    front.store_all_peak = store_all_plan(graph).peak_bytes
-    for name in solvers:
-        plans = []
-        for b in budget_bytes:
-            try:
-                plan = plan_with_cache(graph, b, name, time_limit=time_limit, cost_model=cost_model, cache=cache)
-            except (InfeasibleBudgetError, SolverError):
-                plan = None
-            plan = plan if plan is not None and (b is None or plan.peak_bytes <= b) else None
-            plans.append(plan)
-            if on_plan is not None:
-                on_plan(name, b, plan)
-        front[name] = plans
-    return front

@@ -8,7 +8,7 @@ Parameters, buffers and inputs are outside it. Its Python type decides its unit:
 * ``int``   bytes: ``budget=3 * 2**30``;
 * ``str``   a size: ``"1.5GiB"``, ``"800MB"``, ``"512 KiB"``, ``"1e9"`` (bytes);
 * ``float`` in (0, 1]: that fraction of the memory a plan *can* change (see below);
-* ``"min"`` the smallest budget any plan meets (found by solving; see :mod:`remat.planner`);
+* ``"min"`` the smallest budget any plan meets (found by solving; see :mod:`remat.solvers.planner`);
 * ``None``  no limit.
 
 **Fractions.** Part of the peak is the same for every plan: the gradients the step must

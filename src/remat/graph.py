@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
@@ -61,6 +62,32 @@ class Node:
     workspace: int = 0  # bytes the op allocates and frees internally
     random: bool = False  # draws random numbers: a recomputation must replay them
     module: str = ""  # innermost nn.Module path, for coarsening and display
+
+
+class Memo(dict):
+    """What planners learnt about one graph: plans made, each solver's smallest plan, chain DPs.
+
+    Owned by the graph (:attr:`Graph.memo`), so it goes when the graph goes; graphs with equal
+    :attr:`Graph.planning_key` (the same step, captured twice) share one memo while any of them
+    lives. Keys are tuples whose first item names the owner (``("rotor",)``, ``("plan", ...)``)::
+
+        dp = graph.memo.cached(("rotor",), lambda: build_dp(graph))   # built once per graph
+    """
+
+    def cached(self, key: tuple, make):
+        """``self[key]``, made by ``make()`` the first time."""
+        if key not in self:
+            self[key] = make()
+        return self[key]
+
+
+_LIVE_MEMOS: "weakref.WeakValueDictionary[tuple, Memo]" = weakref.WeakValueDictionary()  # holds no memo alive
+
+
+def forget_memos() -> None:
+    """Empty the memo of every graph alive (tests and benchmarks that time planning from scratch)."""
+    for memo in list(_LIVE_MEMOS.values()):
+        memo.clear()
 
 
 @dataclass(frozen=True)
@@ -147,6 +174,14 @@ class Graph:
         costs = tuple(round(n.cost, 12) for n in self.nodes)
         meta = json.dumps(self.meta, sort_keys=True, default=str)  # mutated inputs, RNG state size …
         return (self.structural_hash, hash(costs), meta)
+
+    @cached_property
+    def memo(self) -> Memo:
+        """The planners' memo of this graph (see :class:`Memo`)."""
+        memo = _LIVE_MEMOS.get(self.planning_key)
+        if memo is None:
+            memo = _LIVE_MEMOS[self.planning_key] = Memo()
+        return memo
 
     def __hash__(self) -> int:  # frozen dataclass with a dict field
         return hash(self.structural_hash)

@@ -73,6 +73,8 @@ from typing import Any, Callable
 import torch
 
 __all__ = [
+    "allocated_bytes",
+    "CUDA_BLOCK_BYTES",
     "StepMeasurement",
     "enable_cpu_memory_tracking",
     "measure_step",
@@ -90,6 +92,18 @@ _PROC_CLEAR_REFS = "/proc/self/clear_refs"
 
 _lock = threading.Lock()
 _libc: ctypes.CDLL | None = None  # set once CPU tracking is enabled
+
+
+CUDA_BLOCK_BYTES = 512  # the CUDA caching allocator rounds every allocation up to a multiple of this
+
+
+def allocated_bytes(nbytes: int, device: torch.device | str | None) -> int:
+    """Bytes the allocator of ``device`` counts for a storage of ``nbytes``: what the measured peak
+    (``torch.cuda.max_memory_allocated``, torch's CPU allocator events) adds up. CUDA's caching
+    allocator hands out multiples of 512 bytes; the CPU allocator exactly what was asked."""
+    if nbytes > 0 and torch.device(device or "cpu").type == "cuda":
+        return -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
+    return nbytes
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 import remat
-from remat import zoo
+from remat import models as zoo
 
 
 @dataclass

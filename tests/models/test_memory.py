@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import remat
-from remat import zoo
+from remat import models as zoo
 from remat.measure import measure_step
 
 MiB = 2**20

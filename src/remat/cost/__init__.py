@@ -7,13 +7,15 @@
 * ``"inductor"`` (:data:`INDUCTOR_COST_MODEL`, the default of :func:`remat.compile`) — the two kinds
   of kernels of a compiled step: extern kernels (``mm``, convolutions) profiled, since Inductor calls
   the ATen kernel a profile times, and the loops Inductor generates by the roofline, a fused group
-  of them as one kernel (:mod:`remat.cost.inductor`). Meant for :func:`remat.compile`: an eager step
+  of them as one kernel (:mod:`remat.inductor.cost`, registered by that package). Meant for :func:`remat.compile`: an eager step
   runs every op on its own, as ``"profile"`` times it.
 * ``"unit"`` — every op costs 1 (for tests and for comparing with papers that used it).
 * a callable ``fx_node -> seconds``.
 
-Whatever the model, the offload tier's transfer costs are measured (:mod:`remat.cost.transfer`)
-and recorded in ``graph.meta["transfer"]`` by :func:`make_transfer_meta`.
+Whatever the model, the offload tier's transfer costs are measured by the stores themselves
+(:mod:`remat.execute.transfer`) and recorded in ``graph.meta["transfer"]``.
+
+May import: ``remat.measure``, ``remat.graph``, ``remat.errors``. Never a planner or a lowering.
 """
 
 from __future__ import annotations
@@ -30,29 +32,48 @@ from ..errors import RematError
 # store_all; planned on profiled costs, +4.4% predicted and +0.3% measured (GPT-2: no difference).
 DEFAULT_COST_MODEL = "profile"
 # Inductor's generated kernels are its own code, not the ATen kernels a profile times; its extern
-# kernels are those very kernels (remat.cost.inductor)
+# kernels are those very kernels (remat.inductor.cost)
 INDUCTOR_COST_MODEL = "inductor"
 
 
+COST_MODELS: dict[str, Callable[[torch.device | str], Callable[[fx.Node], float]]] = {}
+
+
+def register_cost_model(name: str, factory: Callable[[torch.device | str], Callable[[fx.Node], float]]) -> None:
+    """Make ``cost_model=name`` mean ``factory(device)``, a function ``fx_node -> seconds``.
+
+    The Inductor cost model registers itself this way (:mod:`remat.inductor.cost`): a cost model
+    that a higher stage owns is found by name, and this package never imports that stage."""
+    if name in COST_MODELS:
+        raise RematError(f"a cost model named {name!r} is registered already")
+    COST_MODELS[name] = factory
+
+
+def _flops(device):
+    from .flops import FlopsCostModel
+
+    return FlopsCostModel(device=device).node_seconds
+
+
+def _profile(device):
+    from .profile import ProfileCostModel
+
+    return ProfileCostModel(device=device).node_seconds
+
+
+register_cost_model("unit", lambda device: lambda node: 1.0)
+register_cost_model("flops", _flops)
+register_cost_model("profile", _profile)
+
+
 def make_cost_fn(cost_model, device: torch.device | str = "cpu") -> Callable[[fx.Node], float]:
+    """The function ``fx_node -> seconds`` of ``cost_model``: a registered name or a callable."""
     if callable(cost_model):
         return cost_model
-    if cost_model == "unit":
-        return lambda node: 1.0
-    if cost_model == "flops":
-        from .flops import FlopsCostModel
-
-        return FlopsCostModel(device=device).node_seconds
-    if cost_model == "profile":
-        from .profile import ProfileCostModel
-
-        return ProfileCostModel(device=device).node_seconds
-    if cost_model == "inductor":
-        from .inductor import InductorCostModel
-
-        return InductorCostModel(device=device).node_seconds
-    raise RematError(f"unknown cost_model {cost_model!r}; use 'flops', 'profile', 'inductor', 'unit' or a callable "
-                     "fx_node -> seconds")
+    if cost_model in COST_MODELS:
+        return COST_MODELS[cost_model](device)
+    names = ", ".join(repr(n) for n in COST_MODELS)
+    raise RematError(f"unknown cost_model {cost_model!r}; use one of {names} or a callable fx_node -> seconds")
 
 
 def make_workspace_fn(workspace) -> Callable[[fx.Node], int] | None:
@@ -64,10 +85,3 @@ def make_workspace_fn(workspace) -> Callable[[fx.Node], int] | None:
     if workspace in ("none", None):
         return None
     raise RematError(f"unknown workspace option {workspace!r}; use 'measure' or 'none'")
-
-
-def make_transfer_meta(device: torch.device | str = "cpu", store: str | None = None) -> dict:
-    """``graph.meta["transfer"]`` for ``device``: the measured (cached) costs of its offload store."""
-    from .transfer import transfer_costs
-
-    return transfer_costs(device, store).as_meta()

@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ..capture import allocated_bytes
+from ..measure import allocated_bytes
 
 _CACHE: dict[tuple, int] = {}
 

@@ -1,58 +1,21 @@
-"""The solver registry: one signature for every planner.
+"""Planning: from a Graph and a budget to a Plan.
 
-    solve(graph, budget_bytes, *, time_limit=None, **options) -> Plan
+Owns every solver (one file each, its formulation or recurrence in the module docstring), the
+registry they share (:mod:`.registry`: one signature, ``solve(graph, budget_bytes, *,
+time_limit=None, **options) -> Plan``), the planner (:mod:`.planner`: budget resolution, ``auto``,
+clear failures), the plan cache on disk (:mod:`.cache`), the planning options every entry point
+takes (:mod:`.options`) and graph coarsening (:mod:`.coarsen`).
 
-A solver returns a :class:`~remat.plan.Plan` (validated by the simulator when it is
-built). It may return a plan over the budget when it cannot do better; the caller
-(:func:`remat.api.plan`) decides what to do with it. A solver that does not apply to a
-graph raises :class:`~remat.errors.SolverError` with the reason.
+May import: ``remat.cost``, ``remat.plan``, ``remat.simulate``, ``remat.budget``, ``remat.graph``,
+``remat.errors`` (and ``remat.measure``, ``remat.version``). Never tensors, capture or execution.
+
+    from remat.solvers import solve, available
+    plan = solve("rotor", graph, 64 * 2**20)      # one solver, a byte budget
+    from remat.solvers.planner import make_plan
+    plan = make_plan(graph, budget=0.5)           # auto: the best plan any solver makes
 """
 
-from __future__ import annotations
+from . import baselines, checkmate, checkmate_swap, chen, hierarchical, hybrid, keep_set, revolve, rotor  # noqa: F401  (registers the solvers)
+from .registry import SOLVERS, Solver, available, register, solve
 
-import time
-from typing import Callable, Protocol
-
-from ..errors import SolverError
-from ..graph import Graph
-from ..plan import Plan
-
-
-class Solver(Protocol):
-    def __call__(self, graph: Graph, budget_bytes: int | None, *, time_limit: float | None = None, **options) -> Plan: ...
-
-
-SOLVERS: dict[str, Solver] = {}
-
-
-def register(name: str) -> Callable[[Solver], Solver]:
-    """Decorator adding a solver to the registry under ``name``."""
-
-    def deco(fn: Solver) -> Solver:
-        if name in SOLVERS:
-            raise SolverError(f"a solver named {name!r} is registered already")
-        SOLVERS[name] = fn
-        return fn
-
-    return deco
-
-
-def available() -> list[str]:
-    return sorted(SOLVERS)
-
-
-def solve(name: str, graph: Graph, budget_bytes: int | None, *, time_limit: float | None = None, **options) -> Plan:
-    """Run solver ``name``; record its name and wall time on the plan."""
-    if name not in SOLVERS:
-        raise SolverError(f"unknown solver {name!r}; choose one of {', '.join(available())} (or 'auto')")
-    if budget_bytes is not None and budget_bytes < 0:
-        raise SolverError(f"budget must be a non-negative number of bytes, got {budget_bytes}")
-    start = time.perf_counter()
-    plan = SOLVERS[name](graph, budget_bytes, time_limit=time_limit, **options)
-    plan.solver = plan.solver or name
-    plan.budget_bytes = budget_bytes
-    plan.solve_seconds = time.perf_counter() - start
-    return plan
-
-
-from . import baselines, checkmate, checkmate_swap, chen, hierarchical, hybrid, keep_set, revolve, rotor  # noqa: E402,F401  (registers the solvers)
+__all__ = ["SOLVERS", "Solver", "available", "register", "solve"]

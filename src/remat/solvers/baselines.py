@@ -20,7 +20,7 @@ import math
 
 from ..graph import ACTIVATION, BACKWARD, FORWARD, Graph
 from ..plan import Plan
-from . import register
+from .registry import register
 from .schedule import (
     allowed_cuts,
     backward_with_recomputation,

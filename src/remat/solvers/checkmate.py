@@ -15,7 +15,7 @@ then walk each stage in reverse order adding the producers of missing inputs —
 minimal ``R`` that makes ``S`` valid. Thresholds 0.1..0.9 are swept; every candidate is
 checked by the simulator and the cheapest that fits is returned.
 
-Both accept ``coarsen`` (see :mod:`remat.coarsen`; default ``"auto"``: graphs of more than
+Both accept ``coarsen`` (see :mod:`remat.solvers.coarsen`; default ``"auto"``: graphs of more than
 ``AUTO_MAX_NODES`` ops are planned over module-level nodes and expanded back to ops). Plans record the model size, solve status, gap and bound in ``plan.info``.
 """
 
@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import SolverError, SolverTimeLimitWarning
 from ..graph import Graph
 from ..plan import Plan
-from . import SOLVERS, register
+from .registry import SOLVERS, register
 from .checkmate_model import Formulation, build, decode, schedule_from_R, solution_vector, to_highs, value_roles
 
 DEFAULT_TIME_LIMIT = 120.0
@@ -268,7 +268,7 @@ def checkmate(
 ) -> Plan:
     if budget_bytes is None:
         return SOLVERS["store_all"](graph, None)  # nothing to trade: store everything
-    from ..coarsen import planned_on_coarse_graph
+    from .coarsen import planned_on_coarse_graph
 
     return planned_on_coarse_graph(
         graph,
@@ -366,7 +366,7 @@ def solve_lp_rounding(
 def checkmate_lp(graph: Graph, budget_bytes: int | None, *, time_limit: float | None = None, coarsen="auto", **options) -> Plan:
     if budget_bytes is None:
         return SOLVERS["store_all"](graph, None)
-    from ..coarsen import planned_on_coarse_graph
+    from .coarsen import planned_on_coarse_graph
 
     return planned_on_coarse_graph(
         graph, coarsen, lambda g: solve_lp_rounding(g, budget_bytes, time_limit=time_limit, **options), solver="checkmate_lp"

@@ -63,7 +63,7 @@ that the model can express; when HiGHS stops before finding anything better, tha
 plan returned. At the time limit the best plan found is returned with its gap and a
 :class:`~remat.errors.SolverTimeLimitWarning`. ``plan.info`` holds the MILP objective (``objective_seconds``), its bound, the status,
 the MIP gap, the simulated step time and which time model was solved. Graphs of more than
-``MAX_NODES`` ops are refused (coarsen them first with :func:`remat.coarsen.coarsen_graph`).
+``MAX_NODES`` ops are refused (coarsen them first with :func:`remat.solvers.coarsen.coarsen_graph`).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ import numpy as np
 from ..errors import RematError, SolverError, SolverTimeLimitWarning
 from ..graph import Graph
 from ..plan import COMPUTE, OFFLOAD, RELOAD, Plan, transfer_costs
-from . import SOLVERS, register
+from .registry import SOLVERS, register
 from .checkmate_model import Formulation, build, decode, schedule_from_R, solution_vector, to_highs, value_roles
 
 DEFAULT_TIME_LIMIT = 60.0
@@ -479,7 +479,7 @@ def solve_swap_milp(
             return plan
         raise SolverError(
             f"checkmate_swap found no plan for {graph.name!r} within {limit:.3g} s (HiGHS: {status_name}); "
-            "raise time_limit, or use solver='hybrid' or a coarser graph (remat.coarsen.coarsen_graph)"
+            "raise time_limit, or use solver='hybrid' or a coarser graph (remat.solvers.coarsen.coarsen_graph)"
         )
     R_on, _ = decode(f, x)
     OUT_on, IN_on = _on(m.OUT, x), _on(m.IN, x)
@@ -543,7 +543,7 @@ def checkmate_swap(
     if len(graph.nodes) > MAX_NODES:
         raise SolverError(
             f"checkmate_swap solves graphs of at most {MAX_NODES} ops exactly; {graph.name!r} has {len(graph.nodes)}. "
-            "Plan its coarsened graph (remat.coarsen.coarsen_graph) or use solver='hybrid'"
+            "Plan its coarsened graph (remat.solvers.coarsen.coarsen_graph) or use solver='hybrid'"
         )
     return solve_swap_milp(graph, budget_bytes, time_limit=time_limit, gap=gap, threads=threads, warm_start=warm_start,
                            warm_plans=warm_plans)

@@ -29,7 +29,7 @@ import time
 
 from ..graph import ACTIVATION, Graph
 from ..plan import Plan
-from . import register
+from .registry import register
 from .baselines import chen_sqrt
 from .schedule import (
     allowed_cuts,

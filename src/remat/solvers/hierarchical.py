@@ -31,10 +31,10 @@ import warnings
 from ..errors import SolverError, SolverTimeLimitWarning
 from ..graph import FORWARD, Graph
 from ..plan import Plan
-from . import SOLVERS, register
+from .registry import SOLVERS, register
 from .chain import Block
 from .keep_set import KeepSetModel
-from .rotor import (ChainDP, Option, best_plan, cached, chains_or_error, option_from_schedule,
+from .rotor import (ChainDP, Option, best_plan, chains_or_error, option_from_schedule,
                     pareto_options, rotor_planner, store_all_option)
 
 SAVE_FRACTIONS = (0.0, 0.1, 0.25, 0.4, 0.6, 0.8)
@@ -178,7 +178,7 @@ class HierarchicalPlanner:
 
 def hierarchical_planner(graph: Graph, time_limit: float | None = None) -> HierarchicalPlanner:
     limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
-    return cached(("hierarchical",) + graph.planning_key, lambda: HierarchicalPlanner(graph, limit))
+    return graph.memo.cached(("hierarchical",), lambda: HierarchicalPlanner(graph, limit))
 
 
 @register("hierarchical")

@@ -56,8 +56,10 @@ from dataclasses import dataclass
 
 from ..errors import InvalidPlanError, SolverError
 from ..graph import ACTIVATION, FORWARD, Graph
-from ..plan import COMPUTE, Plan, transfer_costs
-from . import register, solve
+from ..plan import COMPUTE, Plan
+from ..simulate import has_transfer_costs, transfer_costs
+from .planner import recomputation_plan, store_all_plan
+from .registry import register, solve
 
 CANDIDATES = 32  # switches simulated per round
 KICKS = 8  # kicks tried from each plan the kicks reach
@@ -100,11 +102,6 @@ class _Eval:
         """Order while over the budget: peak, then bytes over the budget summed over the timeline."""
         excess = sum(t - self.budget for t in self.plan.simulation.timeline if t > self.budget)
         return (self.peak, excess, self.step)
-
-
-def has_transfer_costs(graph: Graph) -> bool:
-    t = graph.meta.get("transfer") or {}
-    return bool(t.get("d2h_bytes_per_s")) and bool(t.get("h2d_bytes_per_s"))
 
 
 class _Search:
@@ -462,8 +459,6 @@ def _starts(graph: Graph, budget: int, time_limit: float) -> list[Plan]:
     """The recomputation plan auto makes at the budget (or its smallest plan, plus store-all), and,
     refined first, the hierarchical planner's plan at the budget even when it misses it: a second
     start, as a time-limited MILP's plan can be far from the best (coarse resnet: 113 recomputations)."""
-    from ..planner import recomputation_plan, store_all_plan
-
     plan = recomputation_plan(graph, budget, time_limit=time_limit)
     plans = [plan] if plan.peak_bytes <= budget else [plan, store_all_plan(graph)]
     try:
@@ -475,14 +470,6 @@ def _starts(graph: Graph, budget: int, time_limit: float) -> list[Plan]:
     return plans
 
 
-_LOWEST: dict = {}  # graph's planning key -> (lowest evaluation, rounds): the same for every budget
-
-
-def clear_cache() -> None:
-    """Forget the lowest plans found in this process."""
-    _LOWEST.clear()
-
-
 def _lowest_state(graph: Graph, state: State, time_limit: float) -> tuple[_Eval, int]:
     """The greedy's descent from ``state`` with budget 0 (every byte is over it, so each round
     lowers the peak or the bytes held over the whole step): the lowest plan it reaches, once per
@@ -491,13 +478,11 @@ def _lowest_state(graph: Graph, state: State, time_limit: float) -> tuple[_Eval,
     this plan at the budget buys time back with the memory left (ResNet-18 of
     ``benchmarks/inductor.py`` at 24 MiB: 23.5 MiB at 61.9 ms predicted instead of the lowest
     plan's 18.7 MiB at 69.8)."""
-    key = (graph.planning_key, repr(sorted(transfer_costs(graph).items())))
-    if key not in _LOWEST:
-        if len(_LOWEST) >= 8:
-            _LOWEST.pop(next(iter(_LOWEST)))
+    def descend():
         _, lowest, rounds = _Search(graph, 0).refine(state, time.perf_counter() + time_limit)
-        _LOWEST[key] = (lowest, rounds)
-    return _LOWEST[key]
+        return lowest, rounds
+
+    return graph.memo.cached(("hybrid lowest",), descend)  # the transfer costs are part of the graph's key
 
 
 @register("hybrid")
@@ -507,8 +492,6 @@ def solve_hybrid(graph: Graph, budget_bytes: int | None, *, time_limit: float | 
         raise SolverError(f"hybrid takes no options, got {sorted(options)}")
     if not has_transfer_costs(graph):
         raise SolverError(f"hybrid needs transfer costs (graph.meta['transfer']) on {graph.name!r}")
-    from ..planner import store_all_plan
-
     if budget_bytes is None:  # no limit: nothing beats computing everything once
         return copy.copy(store_all_plan(graph))
     time_limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit

@@ -46,9 +46,8 @@ import numpy as np
 from ..errors import SolverError
 from ..graph import Graph
 from ..plan import Plan
-from . import register
+from .registry import register
 from .checkmate_model import value_roles
-from .rotor import cached
 from .schedule import backward_with_recomputation, cheapest_fitting
 
 
@@ -221,7 +220,7 @@ class KeepSetPlanner:
 
 
 def keep_set_planner(graph: Graph) -> KeepSetPlanner:
-    return cached(("keep_set",) + graph.planning_key, lambda: KeepSetPlanner(graph))
+    return graph.memo.cached(("keep_set",), lambda: KeepSetPlanner(graph))
 
 
 @register("keep_set")

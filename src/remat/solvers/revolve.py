@@ -40,9 +40,9 @@ from functools import lru_cache
 from math import comb
 
 from ..errors import SolverError
-from ..graph import ACTIVATION, FORWARD, Graph
+from ..graph import ACTIVATION, Graph
 from ..plan import Plan
-from . import register
+from .registry import register
 from .schedule import cheapest_fitting, prune_unread
 
 

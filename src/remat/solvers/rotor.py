@@ -60,7 +60,7 @@ import numpy as np
 from ..errors import SolverError
 from ..graph import FORWARD, Graph
 from ..plan import Plan
-from . import register
+from .registry import register
 from .chain import DEALS, Block, Chain, decompose
 from .schedule import prune_unread
 
@@ -417,28 +417,7 @@ class ChainDP:
         return self.plan_from_events(self.events(slot, m), solver=solver)
 
 
-# ------------------------------------------------------------------------------ caching and the solver
-_CACHE: OrderedDict = OrderedDict()
-_CACHE_SIZE = 8
-
-
-def clear_cache() -> None:
-    """Forget the chain planners made in this process."""
-    _CACHE.clear()
-
-
-def cached(key: tuple, make):
-    """An LRU cache of chain planners (decomposition, menus, DP tables) shared across budgets."""
-    if key in _CACHE:
-        _CACHE.move_to_end(key)
-        return _CACHE[key]
-    value = make()
-    _CACHE[key] = value
-    while len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
-    return value
-
-
+# ------------------------------------------------------------------------------ the solver
 NOT_A_CHAIN = 0.5  # a block with more than this share of the forward ops (and > 8) means no chain
 
 
@@ -488,7 +467,7 @@ def rotor_planner(graph: Graph) -> list[ChainDP]:
         return [ChainDP(chain, [[store_all_option(chain.block_graph(k))] for k in range(chain.length)])
                 for chain in chains_or_error(graph, "rotor")]
 
-    return cached(("rotor",) + graph.planning_key, make)
+    return graph.memo.cached(("rotor",), make)
 
 
 @register("rotor")
@@ -500,4 +479,4 @@ def rotor(graph: Graph, budget_bytes: int | None, *, time_limit=None, **options)
 
 
 __all__ = ["rotor", "ChainDP", "Option", "option_from_schedule", "store_all_option", "pareto_options",
-           "no_save_forward", "rotor_planner", "chain_or_error", "chains_or_error", "best_plan", "cached"]
+           "no_save_forward", "rotor_planner", "chain_or_error", "chains_or_error", "best_plan"]

@@ -43,12 +43,13 @@ from typing import Any
 
 import torch
 
-from .budget import parse_size
-from .cost import DEFAULT_COST_MODEL
-from .cost.machine import cache_dir, key_hash, read_json_entry, write_json_atomic
-from .errors import RematError
-from .graph import Graph
-from .plan import Plan
+from ..budget import parse_size
+from ..cost import DEFAULT_COST_MODEL
+from ..cost.machine import cache_dir, key_hash, read_json_entry, write_json_atomic
+from ..errors import RematError
+from ..graph import Graph
+from ..version import __version__
+from ..plan import Plan
 
 __all__ = ["ENV_VAR", "plan_cache_dir", "cache_key", "lookup", "store", "plan_with_cache"]
 
@@ -68,9 +69,7 @@ _FINGERPRINT: list[str] = []
 def code_fingerprint() -> str:
     """remat's version and a digest of its source files (computed once per process, ~ms)."""
     if not _FINGERPRINT:
-        from . import __version__
-
-        root = Path(__file__).resolve().parent
+        root = Path(__file__).resolve().parent.parent  # the whole package, not this folder
         h = hashlib.sha256()
         for path in sorted(root.rglob("*.py")):
             h.update(str(path.relative_to(root)).encode())
@@ -146,7 +145,7 @@ def store(key: dict, plan: Plan) -> None:
 
 def plan_with_cache(graph: Graph, budget=None, solver: str = "auto", *, time_limit: float | None = None,
                     solver_options: dict | None = None, cost_model: Any = DEFAULT_COST_MODEL, cache: bool = True) -> Plan:
-    """:func:`remat.planner.make_plan`, reading and filling the on-disk cache when ``cache``.
+    """:func:`remat.solvers.planner.make_plan`, reading and filling the on-disk cache when ``cache``.
 
     Sets ``plan.info["cache"]``: ``"hit"`` (read, not solved; ``solve_seconds`` is then the time
     the lookup took), ``"miss"`` (solved and stored) or ``"off"``."""

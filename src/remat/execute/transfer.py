@@ -2,7 +2,7 @@
 
 The simulator times ``offload``/``reload`` copies as ``latency_s + bytes / bandwidth`` in each
 direction (:func:`remat.plan.simulate`). The figures are measured once per device and offload
-store, by running the real store (:class:`remat.runtime.OffloadStore`) on a few MiB, and cached
+store, by running the real store (:class:`remat.execute.offload.OffloadStore`) on a few MiB, and cached
 on disk beside the roofline (:func:`remat.cost.machine.cache_dir`)::
 
     costs = transfer_costs("cpu")          # ~0.05 s the first time, then read from the cache
@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from . import machine
+from ..cost import machine
 
 _METHOD_VERSION = 2  # 2: the file store checksums beside its copies
 _SMALL = 4096
@@ -99,7 +99,7 @@ def _load(path, key) -> TransferCosts | None:
 
 
 def _measure(dev: torch.device, store_kind: str) -> TransferCosts:
-    from ..runtime import OffloadStore
+    from .offload import OffloadStore
 
     store = OffloadStore(store_kind)
     cuda = dev.type == "cuda"
@@ -140,4 +140,9 @@ def _measure(dev: torch.device, store_kind: str) -> TransferCosts:
     )
 
 
-__all__ = ["TransferCosts", "transfer_costs", "default_store"]
+def make_transfer_meta(device: torch.device | str = "cpu", store: str | None = None) -> dict:
+    """``graph.meta["transfer"]`` for ``device``: the measured (cached) costs of its offload store."""
+    return transfer_costs(device, store).as_meta()
+
+
+__all__ = ["TransferCosts", "transfer_costs", "default_store", "make_transfer_meta"]

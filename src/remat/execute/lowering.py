@@ -8,7 +8,7 @@ joint graph's FX nodes.
   are re-derived from the current copy of their base, so they cost nothing and never
   keep an old copy alive.
 * ``free(v)`` forgets the current copy of v; FX's code generator (boxed convention, see
-  :func:`remat.runtime.boxed`) drops the tensor right after its last use, which is the
+  :func:`remat.execute.runtime.boxed`) drops the tensor right after its last use, which is the
   same point.
 * The forward returns ``forward outputs + saved values``; the backward takes
   ``saved values + tangents`` and returns the gradients: exactly what the AOTAutograd
@@ -18,14 +18,14 @@ joint graph's FX nodes.
   back once, when the forward ends, from the new value's copy current there.
 * A random op's first run is preceded by ``rng_state(device)``; every later run goes
   through ``replay_random(state, ...)``, so it draws the same numbers.
-* ``offload(v)`` becomes ``h = runtime.offload(store_id, v)`` and the copy of v is forgotten,
-  so the tensor dies right after the call; ``reload(v)`` becomes ``runtime.reload(store_id, h)``,
-  and the first op that reads the reloaded tensor is preceded by ``runtime.wait(store_id, h, t)``
+* ``offload(v)`` becomes ``h = stores.offload(store_id, v)`` and the copy of v is forgotten,
+  so the tensor dies right after the call; ``reload(v)`` becomes ``stores.reload(store_id, h)``,
+  and the first op that reads the reloaded tensor is preceded by ``stores.wait(store_id, h, t)``
   (the copy has landed; a no-op for the file store). A value offloaded when the forward ends is
   saved as its handle ``h`` (a 0-d int64 tensor), which the backward reloads. The store (one per
-  lowered plan, :class:`remat.runtime.OffloadStore`) is held by both GraphModules. For a compiler
+  lowered plan, :class:`remat.execute.offload.OffloadStore`) is held by both GraphModules. For a compiler
   (``compiled``) the two calls are the operators ``remat::offload`` and ``remat::reload``
-  (:mod:`remat.compiled_ops`), and the reload waits for its copy itself.
+  (:mod:`remat.execute.compiled_ops`), and the reload waits for its copy itself.
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ import secrets
 import torch
 import torch.fx as fx
 
-from .capture import Capture, is_batch_norm_with_stats
-from .errors import InvalidPlanError
-from .plan import COMPUTE, FREE, OFFLOAD, RELOAD, Plan
-from . import runtime
-from .runtime import FILE_STORE, PINNED_STORE, OffloadStore, replay_random, rng_state
+from ..capture.joint import Capture, is_batch_norm_with_stats
+from ..errors import InvalidPlanError
+from ..plan import COMPUTE, FREE, OFFLOAD, RELOAD, Plan
+from . import offload as stores
+from .offload import FILE_STORE, PINNED_STORE, OffloadStore
+from .runtime import replay_random, rng_state
 
 
 BATCH_NORM_NO_STATS = torch.ops.aten._native_batch_norm_legit.no_stats
@@ -59,7 +60,7 @@ class _Lowering:
         self.computed: set[int] = set()  # nodes run at least once so far
         self.store = None
         if any(ins.kind in (OFFLOAD, RELOAD) for ins in plan.instructions):
-            if compiled:  # the graph names its store by a number: see remat.runtime.compiled_store
+            if compiled:  # the graph names its store by a number: see remat.execute.offload.compiled_store
                 self.store_id, self.store_kind = secrets.randbits(62), offload_store_kind(plan.graph)
             else:
                 self.store = OffloadStore(offload_store_kind(plan.graph))
@@ -93,7 +94,7 @@ class _Lowering:
                 self.current[vid] = self._demand_saved(("value", vid))
             if vid in self.unwaited:  # first read of a reload: wait for its copy
                 handle = self.unwaited.pop(vid)
-                waited = self.graph.call_function(runtime.wait, (self.store.id, handle, self.current[vid]))
+                waited = self.graph.call_function(stores.wait, (self.store.id, handle, self.current[vid]))
                 waited.meta.update(self.current[vid].meta)
                 self.current[vid] = waited
             return self.current[vid]
@@ -221,7 +222,7 @@ class _Lowering:
         return new
 
     def _compute_random_compiled(self, nid: int, op: fx.Node) -> tuple[fx.Node, int]:
-        """A random op through :mod:`remat.compiled_ops`: ``random_run`` on its first run (its
+        """A random op through :mod:`remat.execute.compiled_ops`: ``random_run`` on its first run (its
         outputs follow the generator state it read), ``random_replay`` on every later one."""
         from .compiled_ops import encode_call  # registers the operators
 
@@ -258,7 +259,7 @@ class _Lowering:
 
             handle = self.graph.call_function(offload._opoverload, (self.store_id, self.store_kind, tensor))
         else:
-            handle = self.graph.call_function(runtime.offload, (self.store.id, tensor))
+            handle = self.graph.call_function(stores.offload, (self.store.id, tensor))
         handle.meta["val"] = self._fake_handle()
         self.handles[vid] = handle
         self.current.pop(vid, None)
@@ -275,7 +276,7 @@ class _Lowering:
             tensor = self.graph.call_function(reload._opoverload, (
                 self.store_id, self.store_kind, handle, list(val.shape), list(val.stride()), val.dtype, val.device))
         else:
-            tensor = self.graph.call_function(runtime.reload, (self.store.id, handle))
+            tensor = self.graph.call_function(stores.reload, (self.store.id, handle))
             self.unwaited[vid] = handle
         tensor.meta.update(self.cap.value_node[vid].meta)
         self.current[vid] = tensor
@@ -360,9 +361,9 @@ def lower(capture: Capture, plan: Plan, *, compiled: bool = False,
           keep_apart=frozenset()) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Forward and backward GraphModules that execute ``plan`` (not yet boxed). ``compiled``: the
     graphs are for a compiler (Inductor), which needs registered operators only, so random ops
-    run through :mod:`remat.compiled_ops`; offloading plans are refused there. ``keep_apart``: op
+    run through :mod:`remat.execute.compiled_ops`; offloading plans are refused there. ``keep_apart``: op
     ids of ``add``s written as ``sub(x, y, alpha=-1)`` (bitwise ``x + y``), so that Inductor does not
-    fuse an earlier ``mm`` into them (:attr:`remat.fusion.Fused.deferred_adds`)."""
+    fuse an earlier ``mm`` into them (:attr:`remat.inductor.fusion.Fused.deferred_adds`)."""
     return _Lowering(capture, plan, compiled, keep_apart).lower()
 
 

@@ -28,7 +28,7 @@ remat plans the compiled step on a *fused graph* that says the same:
 A fused node is one group of ops ``[inlined producers..., consumer]``; its inputs are what the
 group reads from outside, its outputs the consumer's, its cost the sum of its ops' costs. Its
 workspace is the largest of its ops' that Inductor does not generate code for (extern kernels and
-fallbacks, :func:`_generated_by_inductor`): a loop nest Inductor writes allocates only its outputs,
+fallbacks, :func:`generated_by_inductor`): a loop nest Inductor writes allocates only its outputs,
 whatever eager's implementation of the op (which ``workspace="measure"`` measured) allocates. The
 groups in order of their consumers are a topological order: an inlined producer has one reader, so
 nothing between it and that reader depends on it. :meth:`Fused.expand` turns a plan of the fused
@@ -72,7 +72,7 @@ product) gets one copy per backward reader (:func:`recompute_light_values_per_re
 inside that reader's kernel from the value's inputs, as Inductor computes a value read by a few
 kernels inside each under its default ``realize_reads_threshold``.
 
-:func:`remat.inductor.calibrate` measures the compiled step and re-plans when the peak is above
+:func:`remat.inductor.calibration` measures the compiled step and re-plans when the peak is above
 the budget.
 """
 
@@ -86,11 +86,11 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from .capture import Capture
-from .coarsen import graph_of_groups
-from .cost.flops import SEEDED_RANDOM_OPS
-from .graph import ACTIVATION, Graph
-from .plan import COMPUTE, FREE, OFFLOAD, RELOAD, Instruction, Plan
+from ..capture.joint import Capture
+from ..solvers.coarsen import graph_of_groups
+from ..cost.flops import SEEDED_RANDOM_OPS
+from ..graph import ACTIVATION, Graph
+from ..plan import COMPUTE, FREE, OFFLOAD, RELOAD, Instruction, Plan
 
 MAX_INLINED_READS = 8  # Inductor's realize_acc_reads_threshold default
 INDUCTOR_RANDOM = "prims.inductor_random.default"  # Inductor's random values (its RNG functionalisation)
@@ -122,7 +122,7 @@ def _is_reduction(node: fx.Node) -> bool:
     return isinstance(target, torch._ops.OpOverload) and torch.Tag.reduction in target.tags
 
 
-def _inlines_its_inputs(node: fx.Node) -> bool:
+def inlines_its_inputs(node: fx.Node) -> bool:
     """Whether Inductor computes a pointwise input of ``node`` inside ``node``'s kernel."""
     return _is_pointwise(node) or _is_reduction(node) or str(node.target) in _INLINING_READER_NAMES
 
@@ -174,7 +174,7 @@ class Fused:
         return tuple(out), len(out) if boundary is None else boundary
 
 
-def _generated_by_inductor(node: fx.Node) -> bool:
+def generated_by_inductor(node: fx.Node) -> bool:
     """Whether Inductor writes ``node``'s kernel itself (a loop nest of its own code generation)
     rather than calling an external kernel (``mm``, a convolution, a fallback to the eager op):
     ``node``'s op has a lowering in ``torch._inductor.lowering`` and is not one of its fallbacks.
@@ -195,9 +195,9 @@ def _workspace_of(capture: Capture):
     """A fused node's workspace: the largest of its ops' that Inductor does not generate itself."""
 
     def workspace(graph: Graph, members: list[int], escaping: set[int]) -> int:
-        # a random op runs as eager's op inside remat's replay operator (remat.compiled_ops)
+        # a random op runs as eager's op inside remat's replay operator (remat.execute.compiled_ops)
         return max((graph.nodes[n].workspace for n in members
-                    if graph.nodes[n].random or not _generated_by_inductor(capture.op_node[n])), default=0)
+                    if graph.nodes[n].random or not generated_by_inductor(capture.op_node[n])), default=0)
 
     return workspace
 
@@ -221,7 +221,7 @@ def deferred_addmm_adds(capture: Capture) -> set[int]:
     largest value) and the last hidden state alive through the whole backward, and tie the first
     block of the chain to the last, so that no chain of blocks is left to plan. The lowering writes
     these adds as ``sub(x, y, alpha=-1)`` (bitwise ``x + y``: negation is exact), which the pattern
-    does not match (:func:`remat.lower.lower`'s ``keep_apart``); the product then runs, and its inputs
+    does not match (:func:`remat.execute.lowering.lower`'s ``keep_apart``); the product then runs, and its inputs
     die, where the plan puts it."""
     return {add for mm, add in addmm_candidates(capture).items() if add != mm + 1}
 
@@ -369,7 +369,7 @@ def fusion_groups(capture: Capture) -> list[list[int]]:
         reader = nodes[readers[0]]
         reader_fx = capture.op_node[reader.id]
         if (reader.phase != node.phase or reader.id in addmm_adds or reader.random
-                or not _inlines_its_inputs(reader_fx)):
+                or not inlines_its_inputs(reader_fx)):
             continue
         if len(body_reads) > MAX_INLINED_READS:
             continue
@@ -410,7 +410,7 @@ def inplace_reuses(capture: Capture, groups: list[list[int]]) -> list[tuple[int,
         out_fx = capture.op_node[consumer]
         if len(graph.nodes[consumer].outputs) != 1 or graph.nodes[consumer].random:
             continue
-        if not _is_pointwise(out_fx) or not _generated_by_inductor(out_fx):
+        if not _is_pointwise(out_fx) or not generated_by_inductor(out_fx):
             continue
         if any(str(capture.op_node[m].target) in SEEDED_RANDOM_OPS for m in members):
             continue  # Inductor realises the drawn numbers and writes the output into their buffer
@@ -480,9 +480,9 @@ def inplace_conflicts(capture: Capture, groups: list[list[int]],
 
 
 def inductor_kernels(capture: Capture, groups: list[list[int]]) -> list[int]:
-    """The groups whose consumer Inductor generates code for (:func:`_generated_by_inductor`): only
+    """The groups whose consumer Inductor generates code for (:func:`generated_by_inductor`): only
     these fuse with their neighbours; an extern kernel (``mm``, a convolution) ends a fused run."""
-    return [g for g, members in enumerate(groups) if _generated_by_inductor(capture.op_node[members[-1]])]
+    return [g for g, members in enumerate(groups) if generated_by_inductor(capture.op_node[members[-1]])]
 
 
 def _costed_as_kernels(capture: Capture, groups: list[list[int]], graph: Graph,
@@ -491,7 +491,7 @@ def _costed_as_kernels(capture: Capture, groups: list[list[int]], graph: Graph,
     nodes = list(graph.nodes)
     for g, members in enumerate(groups):
         ops = [capture.op_node[m] for m in members]
-        if not all(_generated_by_inductor(op) for op in ops):
+        if not all(generated_by_inductor(op) for op in ops):
             continue  # an extern kernel (or a fallback) keeps its own, profiled, cost
         node = nodes[g]
         nbytes = sum(graph.values[v].bytes for v in (*node.inputs, *node.outputs))
@@ -506,7 +506,7 @@ def fuse(capture: Capture, kernel_seconds: Callable[[list[fx.Node], int], float]
     (:func:`inductor_kernels`) let the simulator tell where Inductor refuses them.
 
     A fused node costs the sum of its ops' costs, or, given ``kernel_seconds(ops, nbytes)``
-    (:meth:`remat.cost.inductor.InductorCostModel.kernel_seconds`), a node whose ops Inductor all
+    (:meth:`remat.inductor.cost.InductorCostModel.kernel_seconds`), a node whose ops Inductor all
     generates costs one kernel reading its inputs and writing its outputs (``nbytes`` in all)."""
     groups = fusion_groups(capture)
     graph = graph_of_groups(capture.graph, groups, name=f"{capture.graph.name} (fused)",
@@ -559,7 +559,7 @@ def _light_forward_value(node: fx.Node, backward: set[fx.Node], seeded: dict) ->
     if not isinstance(node.meta.get("val"), torch.Tensor) or any(u.op == "output" for u in node.users):
         return []
     readers = [u for u in node.users if u in backward]
-    if not all(u.op == "call_function" and _inlines_its_inputs(u) and u not in seeded for u in readers):
+    if not all(u.op == "call_function" and inlines_its_inputs(u) and u not in seeded for u in readers):
         return []
     inputs = [arg for arg in node.all_input_nodes if isinstance(arg.meta.get("val"), torch.Tensor)]
     if len(inputs) > MAX_SHARED_READS or any(arg in seeded for arg in inputs):

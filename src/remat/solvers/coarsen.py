@@ -25,9 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .errors import SolverError
-from .graph import BACKWARD, FORWARD, Graph, Node, Value
-from .plan import Plan
+from ..errors import SolverError
+from ..graph import BACKWARD, FORWARD, Graph, Node, Value
+from ..plan import Plan
 
 AUTO_MAX_NODES = 160  # "auto" coarsens graphs larger than this, as little as gets them under it
 

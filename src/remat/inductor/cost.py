@@ -15,7 +15,7 @@ Inductor runs two kinds of kernels, and each is priced the way it is best known:
 
   An inlined value is computed in registers and never read or written, so it moves no bytes; the
   sum of the ops' own costs (what ``"flops"`` charges) counts every intermediate's bytes and every
-  op's overhead. :func:`remat.fusion.fuse` applies it to the groups whose ops are all generated.
+  op's overhead. :func:`remat.inductor.fusion.fuse` applies it to the groups whose ops are all generated.
 
 Measured on this project's CPU benchmarks (one process, alternating rounds, :mod:`remat.inductor`):
 the predicted compute of a plan came within 2% of the measured step (GPT-2 8 layers: 651 ms predicted,
@@ -29,17 +29,13 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .flops import FlopsCostModel, node_flops, node_random_draws
-from .machine import Roofline, machine_roofline
-from .profile import ProfileCostModel
+from ..cost import INDUCTOR_COST_MODEL, register_cost_model
+from ..cost.flops import FlopsCostModel, node_flops, node_random_draws
+from ..cost.machine import Roofline, machine_roofline
+from ..cost.profile import ProfileCostModel
+from .fusion import generated_by_inductor
 
 __all__ = ["InductorCostModel"]
-
-
-def _generated_by_inductor(node: fx.Node) -> bool:
-    from ..fusion import _generated_by_inductor as generated  # the fusion model's own rule
-
-    return generated(node)
 
 
 class InductorCostModel:
@@ -54,7 +50,7 @@ class InductorCostModel:
 
     def node_seconds(self, node: fx.Node) -> float:
         """One op alone: profiled when Inductor calls an ATen kernel for it, else its roofline."""
-        if node.op != "call_function" or _generated_by_inductor(node):
+        if node.op != "call_function" or generated_by_inductor(node):
             return self.loops.node_seconds(node)
         return self.extern.node_seconds(node)
 
@@ -67,3 +63,6 @@ class InductorCostModel:
 
     def __repr__(self) -> str:
         return f"InductorCostModel(extern kernels: {self.extern!r}; generated loops: {self.loops!r})"
+
+
+register_cost_model(INDUCTOR_COST_MODEL, lambda device: InductorCostModel(device=device).node_seconds)

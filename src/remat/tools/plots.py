@@ -1,6 +1,6 @@
 """Plots of plans and of Pareto fronts (matplotlib, no pyplot state, PNG or SVG by suffix).
 
-    from remat import viz
+    from remat.tools import plots as viz
     viz.plot_timeline(plan, "timeline.png")                  # predicted memory, budget, fwd/bwd boundary
     viz.plot_timeline(plan, "timeline.svg", measured=m)      # + a measured peak or measured timeline
     viz.plot_schedule(plan, "schedule.png")                  # Checkmate's stage x op matrix
@@ -35,8 +35,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .errors import format_bytes
-from .plan import COMPUTE, FREE, Plan
+from ..errors import format_bytes
+from ..plan import COMPUTE, FREE, PLOT_KINDS, Plan
 
 __all__ = ["plot_timeline", "plot_schedule", "plot_pareto", "schedule_matrix", "SUPPORTED_SUFFIXES"]
 
@@ -298,3 +298,6 @@ def plot_pareto(front: Mapping[str, Sequence[Plan | None]], path: str | os.PathL
         ax.legend(fontsize=8, framealpha=0.9)
     _save(fig, path)
     return fig
+
+
+PLOT_KINDS.update(timeline=plot_timeline, schedule=plot_schedule)  # what Plan.plot draws

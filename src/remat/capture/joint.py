@@ -22,7 +22,7 @@ listing the forward outputs followed by the gradients of the primals.
   the CPU, rounded up to CUDA's 512-byte blocks); random ops are flagged from
   ``Tag.nondeterministic_seeded``.
 
-The :class:`Capture` keeps the mapping back to FX nodes that :mod:`remat.lower` needs.
+The :class:`Capture` keeps the mapping back to FX nodes that :mod:`remat.execute.lowering` needs.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from .errors import CaptureError
-from .graph import BACKWARD, FORWARD, Graph, GraphBuilder
+from ..errors import CaptureError
+from ..measure import allocated_bytes
+from ..graph import BACKWARD, FORWARD, Graph, GraphBuilder
 
 CostFn = Callable[[fx.Node], float]
 
@@ -67,18 +68,6 @@ def _storage_key(val) -> int | None:
         return val.untyped_storage()._cdata
     except Exception:  # tensors without storage (e.g. some subclasses)
         return None
-
-
-CUDA_BLOCK_BYTES = 512  # the CUDA caching allocator rounds every allocation up to a multiple of this
-
-
-def allocated_bytes(nbytes: int, device: torch.device | str | None) -> int:
-    """Bytes the allocator of ``device`` counts for a storage of ``nbytes``: what the measured peak
-    (``torch.cuda.max_memory_allocated``, torch's CPU allocator events) adds up. CUDA's caching
-    allocator hands out multiples of 512 bytes; the CPU allocator exactly what was asked."""
-    if nbytes > 0 and torch.device(device or "cpu").type == "cuda":
-        return -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
-    return nbytes
 
 
 def _storage_bytes(val: torch.Tensor) -> int:
@@ -124,7 +113,7 @@ BATCH_NORM_FUNCTIONAL = torch.ops.aten._native_batch_norm_legit_functional.defau
 def is_batch_norm_with_stats(node: fx.Node) -> bool:
     """A training-mode batch norm that also updates running statistics. Its normalized
     output does not depend on the statistics, so a recomputation can skip them
-    (:mod:`remat.lower` replays it as ``_native_batch_norm_legit.no_stats``)."""
+    (:mod:`remat.execute.lowering` replays it as ``_native_batch_norm_legit.no_stats``)."""
     return node.target is BATCH_NORM_FUNCTIONAL and bool(node.args[5])
 
 
@@ -158,6 +147,15 @@ def rng_state_bytes(device: torch.device) -> int:
     return int(torch.get_rng_state().numel())
 
 
+def joint_device(joint: torch.fx.GraphModule) -> torch.device:
+    """The device of the first tensor the joint graph computes (CPU when none)."""
+    for n in joint.graph.nodes:
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return val.device
+    return torch.device("cpu")
+
+
 def capture_joint(
     joint: fx.GraphModule,
     num_fwd_outputs: int,
@@ -170,7 +168,7 @@ def capture_joint(
     """Build the Graph of a joint graph; ``cost_fn(fx_node) -> seconds`` prices each op,
     ``workspace_fn(fx_node) -> bytes`` gives its scratch memory (see :mod:`remat.cost.workspace`),
     ``transfer`` the offload tier's costs, kept as ``graph.meta["transfer"]`` (see
-    :mod:`remat.cost.transfer`; plans that offload need them)."""
+    :mod:`remat.execute.transfer`; plans that offload need them)."""
     fx_graph = joint.graph
     (output_node,) = fx_graph.find_nodes(op="output")
     outputs = list(output_node.args[0])

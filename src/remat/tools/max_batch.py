@@ -48,8 +48,8 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-from .budget import parse_size
-from .errors import RematError, format_bytes
+from ..budget import parse_size
+from ..errors import RematError, format_bytes
 
 __all__ = ["max_batch_size", "MaxBatchResult", "BatchTry"]
 
@@ -235,8 +235,8 @@ def _try_batch(method, n, make_model, make_batch, limit, solver, loss_fn, dev, o
 
 
 def _run_try(method, n, make_model, make_batch, limit, solver, loss_fn, dev, optimize_options):
-    from .api import optimize
-    from .errors import InfeasibleBudgetError
+    from ..api import optimize
+    from ..errors import InfeasibleBudgetError
 
     model = make_model()
     if not isinstance(model, nn.Module):
@@ -274,7 +274,7 @@ def _run_try(method, n, make_model, make_batch, limit, solver, loss_fn, dev, opt
     def step():
         loss_fn(runner(*args, **kwargs)).backward()
 
-    from .measure import peak_memory_growth
+    from ..measure import peak_memory_growth
 
     setup()
     step()  # warm-up: compilation, lazy initialization

@@ -7,9 +7,9 @@
     remat maxbatch gpt2 --memory-limit 2GiB        the largest batch that fits, remat vs plain PyTorch
     remat plot plan.json --output schedule.svg --kind schedule
 
-MODEL is a built-in example (``remat.zoo.names()``: random weights, nothing downloaded; pick
+MODEL is a built-in example (``remat.models.names()``: random weights, nothing downloaded; pick
 its scale with ``--size tiny|small|medium``) or ``package.module:factory``, a callable that
-returns ``(model, example_args)`` or a :class:`remat.zoo.Example` (``remat maxbatch`` calls it
+returns ``(model, example_args)`` or a :class:`remat.models.Example` (``remat maxbatch`` calls it
 with ``batch=N``). The current directory is importable.
 
 BUDGET: a bare number in (0, 1] is a fraction (see the README's "Budget"); ``min`` is the
@@ -59,7 +59,7 @@ class CliError(Exception):
 def parse_budget(text: str):
     """``--budget``: ``none``/``all`` -> None, else :func:`remat.budget.parse_budget_text`
     (``min``, a fraction in (0, 1], or a size with a unit)."""
-    from .budget import BudgetError, parse_budget_text
+    from ..budget import BudgetError, parse_budget_text
 
     if text.strip().lower() in ("none", "all"):
         return None
@@ -71,7 +71,7 @@ def parse_budget(text: str):
 
 def parse_memory(text: str) -> int:
     """``--memory-limit``: a size with a unit (``16GiB``, ``800MB``); a bare number is refused."""
-    from .budget import parse_size
+    from ..budget import parse_size
 
     try:
         float(text)
@@ -118,7 +118,7 @@ def _import_factory(spec: str) -> Callable:
 def _as_example(spec: str, made: Any):
     import torch.nn as nn
 
-    from . import zoo
+    from .. import models as zoo
 
     if isinstance(made, zoo.Example):
         return made
@@ -128,7 +128,7 @@ def _as_example(spec: str, made: Any):
         kwargs = dict(made[2]) if len(made) == 3 else {}
         return zoo.Example(spec, made[0], args, kwargs)
     raise CliError(f"{spec!r} returned a {type(made).__name__}; it must return (model, args), "
-                   "(model, args, kwargs) or a remat.zoo.Example")
+                   "(model, args, kwargs) or a remat.models.Example")
 
 
 def check_device(device: str) -> None:
@@ -145,8 +145,8 @@ def check_device(device: str) -> None:
 
 
 def load_example(spec: str, size: str = "small", *, batch: int | None = None, device: str = "cpu"):
-    """The :class:`remat.zoo.Example` MODEL names: a built-in example or ``module:factory``."""
-    from . import zoo
+    """The :class:`remat.models.Example` MODEL names: a built-in example or ``module:factory``."""
+    from .. import models as zoo
 
     if device != "cpu":
         check_device(device)
@@ -160,7 +160,7 @@ def load_example(spec: str, size: str = "small", *, batch: int | None = None, de
         options: dict = {"size": size, "device": device}
         if batch is not None:
             if "batch" not in inspect.signature(zoo.build).parameters:
-                raise CliError("this version of remat.zoo.build cannot change the batch size")
+                raise CliError("this version of remat.models.build cannot change the batch size")
             options["batch"] = batch
         try:
             return zoo.build(spec, **options)
@@ -183,8 +183,8 @@ def load_example(spec: str, size: str = "small", *, batch: int | None = None, de
 
 def load_plan(path: str):
     """A saved :class:`remat.Plan`, or a one-line :class:`CliError` saying why it cannot be read."""
-    from .errors import RematError
-    from .plan import Plan
+    from ..errors import RematError
+    from ..plan import Plan
 
     try:
         return Plan.load(path)
@@ -224,7 +224,7 @@ class _Ui:
 
 
 def _fmt(n: int | None) -> str:
-    from .errors import format_bytes
+    from ..errors import format_bytes
 
     return "-" if n is None else format_bytes(n)
 
@@ -242,7 +242,7 @@ def _fraction_label(budget) -> str:
 
 def _capture(ui: _Ui, example, cost_model: str):
     """Capture the model's training step once (the store_all plan); returns that plan."""
-    from .api import capture_and_plan
+    from ..api import capture_and_plan
 
     with ui.phase(f"captured {example.name} and costed its ops ({cost_model})"):
         base, _ = capture_and_plan(example.model, *example.args, solver="store_all", cost_model=cost_model,
@@ -276,7 +276,7 @@ def _plan_table(title: str, plan, store_all_peak: int, extra: dict | None = None
 
 
 def cmd_plan(args, ui: _Ui) -> int:
-    from .cache import plan_with_cache
+    from ..solvers.cache import plan_with_cache
 
     example = load_example(args.model, args.size)
     base = _capture(ui, example, args.cost_model)
@@ -291,8 +291,8 @@ def cmd_plan(args, ui: _Ui) -> int:
 
 
 def cmd_sweep(args, ui: _Ui) -> int:
-    from .api import pareto_of_graph
-    from .solvers import available
+    from .pareto import pareto_of_graph
+    from ..solvers.registry import available
 
     _check_output(args.output)
     unknown = [s for s in args.solvers if s != "auto" and s not in available()]
@@ -341,7 +341,7 @@ def cmd_sweep(args, ui: _Ui) -> int:
                      + ", ".join(f"{s} {t:.1f} s" for s, t in solve_seconds.items()))
     ui.out.print(table)
     if args.output:
-        from .viz import plot_pareto
+        from .plots import plot_pareto
 
         plot_pareto(front, args.output, title=f"{example.name} ({args.size}): overhead against budget")
         ui.out.print(f"wrote {args.output}")
@@ -349,7 +349,7 @@ def cmd_sweep(args, ui: _Ui) -> int:
 
 
 def _optimize(example, budget, solver: str, cost_model: str, time_limit):
-    from .api import optimize
+    from ..api import optimize
 
     return optimize(example.model, *example.args, budget=budget, solver=solver, cost_model=cost_model,
                     time_limit=time_limit, **example.kwargs)
@@ -388,8 +388,8 @@ def _timed_rounds(steps: dict[str, Callable[[], Any]], setup: Callable[[], Any],
 def cmd_bench(args, ui: _Ui) -> int:
     import torch
 
-    from .measure import measure_step
-    from .solvers import solve
+    from ..measure import measure_step
+    from ..solvers.registry import solve
 
     _check_output(args.output)
     if args.rounds < 1:
@@ -447,9 +447,9 @@ def cmd_bench(args, ui: _Ui) -> int:
     )
     ui.out.print(table)
     if args.output:
-        from .viz import plot_timeline
+        from .plots import plot_timeline
 
-        from .measure import allocator_timeline_cpu
+        from ..measure import allocator_timeline_cpu
 
         measured: Any = planned.peak_bytes
         if device.type == "cpu":
@@ -533,7 +533,7 @@ def cmd_maxbatch(args, ui: _Ui) -> int:
 
 
 def cmd_plot(args, ui: _Ui) -> int:
-    from . import viz
+    from . import plots as viz
 
     _check_output(args.output)
     plan = load_plan(args.plan)
@@ -558,7 +558,7 @@ def cmd_demo(args, ui: _Ui) -> int:
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="MODEL", help="a built-in model (remat.zoo.names()) or package.module:factory")
+    p.add_argument("model", metavar="MODEL", help="a built-in model (remat.models.names()) or package.module:factory")
     p.add_argument("--size", default="small", choices=SIZES, help="scale of a built-in model (default: small)")
 
 
@@ -576,7 +576,7 @@ def _add_planning(p: argparse.ArgumentParser, budget_required: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .api import DEFAULT_PARETO_BUDGETS, DEFAULT_PARETO_SOLVERS
+    from .pareto import DEFAULT_PARETO_BUDGETS, DEFAULT_PARETO_SOLVERS
 
     parser = _Parser(prog="remat", description="Fit a PyTorch training step into a memory budget.",
                      epilog="BUDGET: a bare number is a fraction in (0, 1]; bytes need a unit (2GiB); 'min' is the "
@@ -651,7 +651,7 @@ def _infeasible_line(err) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``remat`` command; returns the exit status (errors are one line on stderr)."""
-    from .errors import InfeasibleBudgetError, RematError
+    from ..errors import InfeasibleBudgetError, RematError
 
     parser = build_parser()
     try:

@@ -1,7 +1,7 @@
 """Random-op replay and offloading as registered PyTorch operators, for graphs a compiler (Inductor) compiles.
 
-The eager lowering calls plain Python functions (:func:`remat.runtime.rng_state`,
-:func:`remat.runtime.replay_random`); Inductor compiles only registered operators, so a plan
+The eager lowering calls plain Python functions (:func:`remat.execute.runtime.rng_state`,
+:func:`remat.execute.runtime.replay_random`); Inductor compiles only registered operators, so a plan
 lowered for Inductor runs every random op through two custom operators instead:
 
 * ``remat::random_run(device, call, tensors, after) -> [state, *outputs]`` -- the op's first run:
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .runtime import _set_rng_state, rng_state
+from .runtime import set_rng_state, rng_state
 
 _TENSOR, _DTYPE, _DEVICE, _LAYOUT, _FORMAT, _LIST, _TUPLE = "t", "dtype", "device", "layout", "format", "list", "tuple"
 
@@ -123,12 +123,12 @@ def _random_run_fake(device, call, tensors, after):
 def random_replay(state: torch.Tensor, device: str, call: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     dev = torch.device(device)
     now = rng_state(device)
-    _set_rng_state(dev, state)
+    set_rng_state(dev, state)
     try:
         op, args, kwargs = decode_call(call, tensors)
         return _outputs(op(*args, **kwargs))
     finally:
-        _set_rng_state(dev, now)
+        set_rng_state(dev, now)
 
 
 @random_replay.register_fake
@@ -139,14 +139,14 @@ def _random_replay_fake(state, device, call, tensors):
 
 # ---------------------------------------------------------------------------------------------
 # Offloading: the store's calls as operators. ``store_id`` names the store of one lowered graph
-# (:func:`remat.runtime.compiled_store`, made on first use), ``kind`` its kind; the reload waits
+# (:func:`remat.execute.offload.compiled_store`, made on first use), ``kind`` its kind; the reload waits
 # for its copy before it returns, so a compiled graph's copies are synchronous (the plan is made
 # with ``overlap=False``).
 
 
 @torch.library.custom_op("remat::offload", mutates_args=())
 def offload(store_id: int, kind: str, tensor: torch.Tensor) -> torch.Tensor:
-    from .runtime import compiled_store
+    from .offload import compiled_store
 
     return compiled_store(store_id, kind).offload(tensor)
 
@@ -159,7 +159,7 @@ def _offload_fake(store_id, kind, tensor):
 @torch.library.custom_op("remat::reload", mutates_args=())
 def reload(store_id: int, kind: str, handle: torch.Tensor, size: list[int], stride: list[int],
            dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    from .runtime import compiled_store, reload_now
+    from .offload import compiled_store, reload_now
 
     return reload_now(compiled_store(store_id, kind), handle)
 

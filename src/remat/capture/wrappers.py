@@ -21,7 +21,7 @@ import sys
 
 import torch.nn as nn
 
-from .errors import UnsupportedWrappingError
+from ..errors import UnsupportedWrappingError
 
 ACCELERATE_NAME = "REMAT"
 

@@ -29,8 +29,9 @@ the hybrid's smallest plan.
 A named solver that misses a budget likewise falls back to its own smallest-peak plan when that
 fits, and otherwise raises with its own minimum (and the lower one ``auto`` reaches, if any).
 
-Two in-process caches, both keyed by the graph's :attr:`~remat.graph.Graph.planning_key`: the
-plans made (key: budget, solver, options), and each solver's smallest-peak plan seen so far.
+What it learns is kept in the graph's own memo (:attr:`remat.graph.Graph.memo`, gone with the
+graph): the plans made (key: budget, solver, options), each solver's smallest-peak plan seen so far,
+and which of those are the solver's proven minimum.
 """
 
 from __future__ import annotations
@@ -38,11 +39,12 @@ from __future__ import annotations
 import copy
 import time
 
-from .budget import bytes_to_fraction, fixed_bytes, is_min, resolve_budget
-from .errors import InfeasibleBudgetError, SolverError
-from .graph import Graph
-from .plan import Plan
-from .solvers import SOLVERS, solve
+from ..budget import bytes_to_fraction, fixed_bytes, is_min, resolve_budget
+from ..errors import InfeasibleBudgetError, SolverError
+from ..graph import Graph, forget_memos
+from ..plan import Plan
+from ..simulate import has_transfer_costs
+from .registry import SOLVERS, solve
 
 AUTO_TIME_LIMIT = 30.0
 AUTO_KEEP_SET_SECONDS = 10.0  # auto's time for keep_set (milliseconds per save budget on most graphs)
@@ -52,40 +54,30 @@ FAST_SOLVERS = ("checkpoint_all", "chen_sqrt", "chen_greedy", "rotor", "hierarch
 # then minimises the peak): their minimum is learnt from that plan, not from a second solve
 MINIMUM_WHEN_INFEASIBLE = ("checkmate", "checkmate_lp")
 
-_CACHE: dict[tuple, Plan] = {}  # plans made
-_SMALLEST: dict[tuple, Plan] = {}  # (graph, solver, options) -> the smallest-peak plan seen
-_MINIMUM_KNOWN: set[tuple] = set()  # keys of _SMALLEST holding the solver's own minimum
-_RECOMPUTE: dict[tuple, Plan | None] = {}  # auto's recomputation-only plan per budget (hybrid's start)
-
-
 def _options_key(options: dict) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in options.items()))
 
 
-def _cache_key(graph: Graph, budget_bytes, solver, options) -> tuple:
-    return graph.planning_key + (budget_bytes, solver, _options_key(options))
+def _plan_key(budget_bytes, solver, options) -> tuple:
+    return ("plan", budget_bytes, solver, _options_key(options))
 
 
-def _smallest_key(graph: Graph, solver: str, options: dict) -> tuple:
-    return graph.planning_key + (solver, _options_key(options))
+def _smallest_key(solver: str, options: dict) -> tuple:
+    return ("smallest", solver, _options_key(options))
+
+
+def _minimum_known(graph: Graph) -> set:
+    """The ``_smallest_key``s of ``graph`` whose plan is the solver's own minimum."""
+    return graph.memo.cached(("minimum known",), set)
 
 
 def clear_caches() -> None:
-    """Forget every plan made and every minimum learnt in this process (the chain planners' too)."""
-    from .solvers import hybrid, rotor
-
-    rotor.clear_cache()
-    hybrid.clear_cache()
-    _CACHE.clear()
-    _SMALLEST.clear()
-    _MINIMUM_KNOWN.clear()
-    _RECOMPUTE.clear()
+    """Forget every plan made and every minimum learnt for the graphs alive (the chain planners' too)."""
+    forget_memos()
 
 
 def uses_swaps(graph: Graph) -> bool:
     """Whether ``auto`` also considers swapping (the ``hybrid`` solver): the graph has transfer costs."""
-    from .solvers.hybrid import has_transfer_costs
-
     return has_transfer_costs(graph)
 
 
@@ -102,10 +94,10 @@ def auto_solvers(graph: Graph) -> list[str]:
 
 # ------------------------------------------------------------------------- solving, remembering
 def _remember(graph: Graph, name: str, options: dict, plan: Plan) -> None:
-    key = _smallest_key(graph, name, options)
-    old = _SMALLEST.get(key)
+    key = _smallest_key(name, options)
+    old = graph.memo.get(key)
     if old is None or (plan.peak_bytes, plan.step_seconds) < (old.peak_bytes, old.step_seconds):
-        _SMALLEST[key] = plan
+        graph.memo[key] = plan
 
 
 def _run(name: str, graph: Graph, budget_bytes, time_limit, options: dict, skip_inapplicable: bool) -> Plan | None:
@@ -118,17 +110,17 @@ def _run(name: str, graph: Graph, budget_bytes, time_limit, options: dict, skip_
         raise
     _remember(graph, name, options, plan)
     if budget_bytes is not None and plan.peak_bytes > budget_bytes and name in MINIMUM_WHEN_INFEASIBLE:
-        _MINIMUM_KNOWN.add(_smallest_key(graph, name, options))
+        _minimum_known(graph).add(_smallest_key(name, options))
     return plan
 
 
 def store_all_plan(graph: Graph) -> Plan:
     """The store-everything plan of ``graph`` (cached)."""
-    key = _smallest_key(graph, "store_all", {})
-    if key not in _MINIMUM_KNOWN:
-        _SMALLEST[key] = solve("store_all", graph, None)
-        _MINIMUM_KNOWN.add(key)
-    return _SMALLEST[key]
+    key = _smallest_key("store_all", {})
+    if key not in _minimum_known(graph):
+        graph.memo[key] = solve("store_all", graph, None)
+        _minimum_known(graph).add(key)
+    return graph.memo[key]
 
 
 def solver_minimum(graph: Graph, name: str, *, time_limit: float | None = None, **options) -> Plan | None:
@@ -136,11 +128,11 @@ def solver_minimum(graph: Graph, name: str, *, time_limit: float | None = None, 
     cached; a smaller one seen at another budget wins); None when the solver does not apply."""
     if name == "store_all":
         return store_all_plan(graph)
-    key = _smallest_key(graph, name, options)
-    if key not in _MINIMUM_KNOWN:
+    key = _smallest_key(name, options)
+    if key not in _minimum_known(graph):
         _run(name, graph, 0, time_limit, options, skip_inapplicable=True)
-        _MINIMUM_KNOWN.add(key)
-    return _SMALLEST.get(key)
+        _minimum_known(graph).add(key)
+    return graph.memo.get(key)
 
 
 def smallest_plan(graph: Graph, solver: str = "auto", *, time_limit: float | None = None, thorough: bool = True,
@@ -162,7 +154,7 @@ def smallest_plan(graph: Graph, solver: str = "auto", *, time_limit: float | Non
         if thorough or name in FAST_SOLVERS:
             plans.append(solver_minimum(graph, name, time_limit=time_limit, **opts))
         else:  # the MILP's smallest plan seen (its minimum when it missed a budget)
-            plans.append(_SMALLEST.get(_smallest_key(graph, name, opts)))
+            plans.append(graph.memo.get(_smallest_key(name, opts)))
     if swaps and uses_swaps(graph):
         plans.append(solver_minimum(graph, "hybrid", time_limit=time_limit))
     return min((p for p in plans if p is not None), key=lambda p: (p.peak_bytes, p.step_seconds))
@@ -199,16 +191,16 @@ def make_plan(graph: Graph, budget=None, solver: str = "auto", *, time_limit: fl
     if solver != "auto" and solver not in SOLVERS:
         raise SolverError(f"unknown solver {solver!r}; choose 'auto' or one of {', '.join(sorted(SOLVERS))}")
     budget_bytes = resolve(graph, budget, solver, time_limit=time_limit, **options)
-    key = _cache_key(graph, budget_bytes, solver, options)
-    if key in _CACHE:
-        return _CACHE[key]
+    key = _plan_key(budget_bytes, solver, options)
+    if key in graph.memo:
+        return graph.memo[key]
     fraction = budget if isinstance(budget, float) else None
     if solver == "auto":
         plan = _auto(graph, budget_bytes, AUTO_TIME_LIMIT if time_limit is None else time_limit, options, fraction)
         plan.solve_seconds = time.perf_counter() - start
     else:
         plan = _named(graph, budget_bytes, solver, time_limit, options, fraction)
-    _CACHE[key] = plan
+    graph.memo[key] = plan
     return plan
 
 
@@ -223,7 +215,7 @@ def _auto(graph: Graph, budget_bytes, time_limit, options, fraction, swaps: bool
         best, names = _auto_recompute(graph, budget_bytes, time_limit, options, fraction, swaps=False)
     except InfeasibleBudgetError:  # recomputation alone cannot reach the budget
         best, names = None, []
-    _RECOMPUTE[_cache_key(graph, budget_bytes, "auto", options)] = best
+    graph.memo[("recompute",) + _plan_key(budget_bytes, "auto", options)] = best
     names = names + ["hybrid"]
     hybrid = _run("hybrid", graph, budget_bytes, time_limit, {}, True)
     if not _fits(hybrid, budget_bytes):  # the greedy at this budget missed: its smallest plan may fit
@@ -270,9 +262,9 @@ def recomputation_plan(graph: Graph, budget_bytes: int, *, time_limit: float | N
     """The plan ``auto`` makes at ``budget_bytes`` with recomputation alone, or, below what
     recomputation reaches, its plan of smallest peak (the ``hybrid`` solver's starting point)."""
     time_limit = AUTO_TIME_LIMIT if time_limit is None else time_limit
-    key = _cache_key(graph, budget_bytes, "auto", {})
-    if _RECOMPUTE.get(key) is not None:
-        return _RECOMPUTE[key]
+    key = ("recompute",) + _plan_key(budget_bytes, "auto", {})
+    if graph.memo.get(key) is not None:
+        return graph.memo[key]
     smallest = smallest_plan(graph, "auto", time_limit=time_limit, thorough=False, swaps=False)
     if smallest.peak_bytes > budget_bytes:  # below what recomputation reaches: no solver needs to try
         plan = smallest
@@ -281,7 +273,7 @@ def recomputation_plan(graph: Graph, budget_bytes: int, *, time_limit: float | N
             plan = _auto(graph, budget_bytes, time_limit, {}, None, swaps=False)
         except InfeasibleBudgetError:
             plan = smallest
-    _RECOMPUTE[key] = plan
+    graph.memo[key] = plan
     return plan
 
 
@@ -297,18 +289,16 @@ def _named(graph: Graph, budget_bytes, solver: str, time_limit, options, fractio
 
 def _known_plans(graph: Graph, names) -> list[Plan]:
     """The smallest-peak plans remembered for ``graph`` from the solvers ``names``."""
-    n = len(graph.planning_key)
-    return [p for k, p in _SMALLEST.items() if k[:n] == graph.planning_key and k[n] in names]
+    return [p for k, p in graph.memo.items() if k[0] == "smallest" and k[1] in names]
 
 
 def _infeasible(graph: Graph, budget_bytes: int, smallest: Plan, solver: str, fraction, options) -> InfeasibleBudgetError:
     store, fixed = store_all_plan(graph).peak_bytes, fixed_bytes(graph)
-    n = len(graph.planning_key)
     minima: dict[str, int] = {}  # each solver's own minimum, where it is known
-    for k in _MINIMUM_KNOWN:
-        known = _SMALLEST.get(k)  # None for a solver that does not apply to this graph
-        if known is not None and k[:n] == graph.planning_key:
-            minima[k[n]] = min(minima.get(k[n], known.peak_bytes), known.peak_bytes)
+    for k in _minimum_known(graph):
+        known = graph.memo.get(k)  # None for a solver that does not apply to this graph
+        if known is not None:
+            minima[k[1]] = min(minima.get(k[1], known.peak_bytes), known.peak_bytes)
     by_peak: dict[int, list[str]] = {}
     for name, peak in sorted(minima.items()):
         by_peak.setdefault(peak, []).append(name)

@@ -28,10 +28,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from . import zoo
-from .api import optimize
-from .errors import InfeasibleBudgetError, format_bytes
-from .measure import measure_step
+from .. import models as zoo
+from ..api import optimize
+from ..errors import InfeasibleBudgetError, format_bytes
+from ..measure import measure_step
 
 
 @dataclass

@@ -1,75 +1,28 @@
-"""What a lowered plan calls at run time: boxed graph functions and exact random replays.
+"""Offload stores: the second memory tier an offloading plan moves saved values to and back.
 
-A random op (dropout, ``rand_like`` …) that a plan recomputes must draw the very same
-numbers as its first run, or gradients are silently wrong. The lowered forward calls
-:func:`rng_state` right before the op's first run; each recomputation then runs the op
-through :func:`replay_random`, which swaps that state in and the current one back out,
-so the rest of the step sees the generator exactly as if nothing had been recomputed.
+``offload(v)`` in a plan lowers to ``h = offload(store_id, v)`` and ``reload(v)`` to
+``t = reload(store_id, h)``, then ``t = wait(store_id, h, t)`` right before the first op that
+reads t (so that on CUDA the copy overlaps the ops in between).
+
+The handle h is a 0-d int64 CPU tensor holding the entry's key in its store. A tensor, because
+AOTAutograd hands the backward what the forward saved as tensors (``save_for_backward``) in the
+boxed calling convention; a value offloaded when the forward ends is saved as its handle, and
+the backward reloads it. Its 8 bytes live in numpy's memory, not torch's allocator: they are the
+store's bookkeeping, like its entries, not step memory (made by ``torch.tensor``, one handle per
+value out counted on the CPU: a hybrid plan measured 72 bytes over its budget). Entries are
+cleaned up when the handle tensor dies: after the reload (the backward drops it), or when
+autograd frees the forward's saved tensors because the step was abandoned (an exception after
+the forward, a graph dropped without backward). The store's
+private folder (one per lowered graph, made with tempfile.mkdtemp) exists only while it holds
+entries: it is made by the first offload and removed with the last entry, so nothing is left on
+disk between steps, whoever keeps the compiled graphs alive (Dynamo's caches do); it is also
+removed when the store is garbage collected and at interpreter exit (weakref.finalize).
+
+Stores are found by an integer id (FX code cannot carry arbitrary objects as arguments); the
+registry holds them weakly, the lowered GraphModules hold them strongly.
 """
 
 from __future__ import annotations
-
-import torch
-import torch.fx as fx
-
-
-def rng_state(device: str) -> torch.Tensor:
-    """The generator state of ``device`` now (a small CPU uint8 tensor)."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return torch.cuda.get_rng_state(dev)
-    return torch.get_rng_state()
-
-
-def _set_rng_state(device: torch.device, state: torch.Tensor) -> None:
-    if device.type == "cuda":
-        torch.cuda.set_rng_state(state, device)
-    else:
-        torch.set_rng_state(state)
-
-
-def replay_random(state: torch.Tensor, rng_device: str, op, /, *args, **kwargs):
-    """Run ``op(*args, **kwargs)`` with the generator set to ``state``; restore it afterwards.
-    (Positional-only, so that an op's own ``device=`` keyword passes through.)"""
-    dev = torch.device(rng_device)
-    now = rng_state(rng_device)
-    _set_rng_state(dev, state)
-    try:
-        return op(*args, **kwargs)
-    finally:
-        _set_rng_state(dev, now)
-
-
-def boxed(gm: fx.GraphModule) -> fx.GraphModule:
-    """Make ``gm`` take its arguments as one list that it empties, so that every tensor
-    dies at its last use instead of living as long as the caller's argument list."""
-    gm.graph.set_codegen(fx.graph._BoxedCodeGen())
-    gm.recompile()
-    return gm
-
-
-# ----------------------------------------------------------------------------- offload store
-#
-# ``offload(v)`` in a plan lowers to ``h = offload(store_id, v)`` and ``reload(v)`` to
-# ``t = reload(store_id, h)``, then ``t = wait(store_id, h, t)`` right before the first op that
-# reads t (so that on CUDA the copy overlaps the ops in between).
-#
-# The handle h is a 0-d int64 CPU tensor holding the entry's key in its store. A tensor, because
-# AOTAutograd hands the backward what the forward saved as tensors (``save_for_backward``) in the
-# boxed calling convention; a value offloaded when the forward ends is saved as its handle, and
-# the backward reloads it. Its 8 bytes live in numpy's memory, not torch's allocator: they are the
-# store's bookkeeping, like its entries, not step memory (made by ``torch.tensor``, one handle per
-# value out counted on the CPU: a hybrid plan measured 72 bytes over its budget). Entries are
-# cleaned up when the handle tensor dies: after the reload (the backward drops it), or when
-# autograd frees the forward's saved tensors because the step was abandoned (an exception after
-# the forward, a graph dropped without backward). The store's
-# private folder (one per lowered graph, made with tempfile.mkdtemp) exists only while it holds
-# entries: it is made by the first offload and removed with the last entry, so nothing is left on
-# disk between steps, whoever keeps the compiled graphs alive (Dynamo's caches do); it is also
-# removed when the store is garbage collected and at interpreter exit (weakref.finalize).
-#
-# Stores are found by an integer id (FX code cannot carry arbitrary objects as arguments); the
-# registry holds them weakly, the lowered GraphModules hold them strongly.
 
 import itertools
 import os
@@ -82,8 +35,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy
+import torch
 
-from .errors import OffloadError
+from ..errors import OffloadError
 
 FILE_STORE = "file"
 PINNED_STORE = "pinned"

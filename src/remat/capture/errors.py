@@ -1,0 +1,84 @@
+"""Errors of capture: what Dynamo could not capture, said in the user's terms.
+
+    try:
+        compiled(*args)
+    except Exception as err:
+        raise unwrap_compile_error(err) from err   # remat's own error, or a CaptureError naming the line
+
+Dynamo wraps a backend's exceptions (``BackendCompilerFailed``) and reports a graph break with its
+own trace; :func:`unwrap_compile_error` finds remat's error inside the wrapper, and turns a graph
+break into a :class:`~remat.errors.CaptureError` naming the user's file, line and source text.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+
+import torch
+
+from ..errors import CaptureError, RematError
+
+
+class PlanReady(Exception):
+    """Raised from inside the backend by :func:`remat.plan` to stop once planned, before anything runs."""
+
+
+def unwrap_compile_error(err: BaseException) -> BaseException:
+    """The remat error inside Dynamo's wrapper, or a CaptureError naming the graph break."""
+    seen = err
+    while seen is not None:
+        if isinstance(seen, (RematError, PlanReady)):
+            return seen
+        seen = getattr(seen, "inner_exception", None) or seen.__cause__
+    dynamo_exc = torch._dynamo.exc
+    if isinstance(err, (dynamo_exc.Unsupported, dynamo_exc.UserError)):
+        return capture_error(err)
+    return err
+
+
+NOT_USER_CODE = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # remat's folder, then torch's
+                  os.path.dirname(os.path.abspath(torch.__file__)))
+
+
+def user_frame(err: BaseException) -> tuple[str, int, str] | None:
+    """(file, line, source text) of the innermost frame of the user's code where Dynamo stopped.
+
+    Dynamo's graph-break exceptions carry the traced user stack as ``real_stack``; its
+    message repeats it under "from user code:", which is read when the attribute is missing.
+    Frames of remat and torch are skipped."""
+    frames = [(f.filename, f.lineno, (f.line or "").strip()) for f in getattr(err, "real_stack", None) or ()]
+    if not frames:
+        found = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)', str(err))
+        frames = [(f, int(n), src.strip()) for f, n, src in found]
+    for filename, lineno, line in reversed(frames):
+        if not os.path.abspath(filename).startswith(NOT_USER_CODE):
+            if not line:
+                line = linecache.getline(filename, lineno).strip()
+            return filename, lineno, line
+    return None
+
+
+def capture_error(err: BaseException) -> CaptureError:
+    """A CaptureError for Dynamo's graph-break ``err``: what, where (file, line, source) and what to do."""
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    reason = lines[0] if lines else type(err).__name__
+    where = user_frame(err)
+    if where is None:
+        at = ""
+        caused = next((ln for ln in lines if ln.startswith("Caused by:")), "")
+        reason = f"{reason} {caused}".strip()
+    else:
+        at = f" at {where[0]}, line {where[1]}: `{where[2]}`"
+    return CaptureError(
+        f"remat needs the model's forward as one graph, but Dynamo could not capture it{at} "
+        f"({type(err).__name__}: {reason}). Rewrite that line without data-dependent Python control flow "
+        "(an `if` on a tensor's value, .item() in a condition or a shape) or the unsupported call, for example "
+        "with torch.where, or plan the parts on either side of it separately.",
+        filename=where and where[0], lineno=where and where[1], line=where and where[2],
+    )
+
+
+
+__all__ = ["PlanReady", "unwrap_compile_error", "capture_error", "user_frame", "NOT_USER_CODE"]

@@ -1,0 +1,323 @@
+"""remat as Inductor's partitioner: Inductor's fused kernels, remat's plans and budget.
+
+    m = remat.compile(model, x, budget=0.4)                  # Inductor under the hood
+    m = remat.optimize(model, x, budget=0.4, compiler="inductor")   # the same
+    torch.compile(model, options={"custom_partitioner_fn": remat.partitioner(budget=0.4),
+                                  **remat.inductor.INDUCTOR_CONSTRAINTS})   # by hand
+
+Inductor calls ``torch._inductor.config.custom_partitioner_fn`` with the joint forward+backward
+graph after its joint-graph passes; :class:`RematPartitioner` captures it, fuses it as Inductor
+will (:mod:`remat.inductor.fusion`), plans the fused graph and lowers the plan for a compiler (random ops
+through :mod:`remat.execute.compiled_ops`); Inductor compiles the two graphs it returns.
+
+What remat asks of Inductor (:data:`INDUCTOR_CONSTRAINTS`) so that the plan's memory is the compiled
+step's memory:
+
+* ``realize_reads_threshold = 0``: a pointwise value read by several ops is stored once, not
+  recomputed inside each reader (which would stretch its inputs' lifetimes past the plan's). Where
+  computing it in each reader pays, remat writes the copies into the graph it plans instead
+  (:func:`remat.inductor.fusion.recompute_light_values_per_reader`: a light forward value the backward
+  reads, copied per backward reader), so the planner sees them;
+* ``layout_optimization = False``: no channels-last copies of convolution inputs and weights that
+  the plan cannot see (give the model channels-last tensors yourself if you want that layout);
+* ``reorder_for_peak_memory = False``: Inductor keeps the plan's order;
+* ``allow_buffer_reuse = False``: a buffer is freed where it dies. Inductor would otherwise keep a
+  dead buffer for a later allocation of the same size (its ``# reuse`` lines), when its own estimate
+  of the graph's peak says that is free; that estimate leaves out the backward's saved inputs, and
+  on a 2-layer GPT-2 the buffers so kept raised the step 12% above the plan's peak. The allocator
+  (CUDA's caching allocator, or malloc) hands the freed memory out again anyway;
+* ``fx_graph_cache = False``: every compilation goes through the partitioner, so that the module's
+  ``plan`` exists and describes what runs (compiled kernels are still cached);
+* through Inductor's heuristics hook (:class:`PlanOrderChoices`, installed for the thread that
+  compiles), kernels fuse only when they are next to each other in the plan's order, and only while
+  the fused kernel, which allocates everything it keeps before it runs and frees its inputs after,
+  stays within the plan's peak (:func:`fusion_raises_peak`, from the simulated memory
+  :func:`tag_plan_memory` writes on the lowered graphs). This holds for vertical fusion (producer
+  into consumer) and horizontal fusion (two kernels that read the same buffer) alike. Horizontal
+  fusion across the order would run the later kernel at the earlier one's place and pull its
+  inputs' computation forward: two recomputed copies of one chain, made for two backward uses, were
+  merged and both kept alive (a small ResNet measured 1.5x the prediction before fusion was
+  limited to neighbours). Between neighbours it moves nothing and saves a read: the
+  two sums of a BatchNorm backward share their inputs' pass (ResNet-18 of ``benchmarks/inductor.py``:
+  60.5 ms a step against 63.3 with horizontal fusion off, the same peaks);
+* and on the CPU each generated kernel is called on its own (:func:`install_one_call_per_kernel`):
+  the C++ backend would call all kernels between two extern kernels as one function, holding all
+  their outputs and all their dying inputs at once;
+* Inductor's seeded random numbers (its replacement of dropout's draws) are drawn again inside
+  each reader (:func:`remat.inductor.fusion.draw_random_per_reader`), so no dropout mask is stored; and in
+  the lowered graphs, a copy of a value computed from drawn numbers that the fused graph stores is
+  stored also where the copy has a single reader, which Inductor would compute it inside
+  (:func:`store_random_masks`).
+
+What stays on: Inductor writes a kernel's output into the storage of an input that dies there
+(``config.inplace_buffers``); the fused graph lists where it can (:func:`remat.inductor.fusion.inplace_reuses`)
+and the simulator counts it, and :func:`plan_into_reused_bytes` plans again at a raised budget to
+spend the bytes so saved on fewer recomputations.
+
+**The budget is checked, not only predicted.** Inductor's scheduler may still allocate in ways no
+graph-level model follows exactly, so with example inputs :func:`compile` runs the compiled step
+once, measures its peak (the same measurement as :mod:`remat.measure`), and while it is above the
+budget plans again with the budget lowered by the excess (at most ``CALIBRATION_ROUNDS`` times);
+``plan.info["measured_peak"]`` and ``plan.info["calibration"]`` record it.
+
+**Offloading** (``solver="hybrid"`` or ``"checkmate_swap"``): the lowering writes the store's calls as
+the operators ``remat::offload`` and ``remat::reload`` (:mod:`remat.execute.compiled_ops`), which Inductor
+calls as extern kernels in the plan's order; a reload returns once its copy has landed, so the plan
+is made with synchronous copies (:func:`compiled_transfer_meta`). ``auto`` plans recomputation
+alone while that reaches the budget, unless the plan made with the offload tier's costs (the
+``hybrid`` solver's) is predicted at least ``OFFLOAD_MIN_GAIN`` cheaper (close calls stay with
+recomputation: on the GPT-2 of ``benchmarks/inductor.py`` at fraction 0.2 a hybrid plan predicted
+2.5% faster than hierarchical's measured 0.5% slower; near recomputation's smallest budget on
+ResNet-18 the hybrid plan measured 1.9x faster), and offloads below
+that: at a budget recomputation misses, and for ``budget="min"``, it plans again with the offload
+tier's costs (:func:`with_transfer_costs`), so the minimum an infeasible budget names includes
+the offloading plans' reach (the zoo's GPT-2: 0.82x recomputation's; ResNet-18: 0.70x).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+import torch
+from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+from ..capture import capture_joint, joint_device
+from ..cost import INDUCTOR_COST_MODEL, make_cost_fn, make_workspace_fn
+from ..errors import InfeasibleBudgetError
+from ..execute import compiled_ops  # noqa: F401  (registers remat's operators before any compiled graph runs)
+from ..execute.lowering import lower
+from ..execute.transfer import make_transfer_meta
+from ..solvers.cache import code_fingerprint, plan_with_cache
+from ..solvers.options import BackendOptions
+from ..solvers.planner import is_min, resolve, store_all_plan, uses_swaps
+from .cost import InductorCostModel
+from .fusion import (Fused, draw_random_per_reader, fuse,
+                     recompute_light_values_per_reader)
+from .scheduling import install_one_call_per_kernel, install_plan_order_choices, store_random_masks, tag_plan_memory
+
+INDUCTOR_CONSTRAINTS = {
+    "realize_reads_threshold": 0,
+    "layout_optimization": False,
+    "reorder_for_peak_memory": False,
+    "fx_graph_cache": False,
+    "allow_buffer_reuse": False,
+}
+SLACK_ROUNDS = 4  # plans made at raised budgets to use the bytes Inductor reuses in place
+SLACK_MIN_FRACTION = 0.005  # ... while at least this fraction of the budget is left over
+# Solvers that offload: these always get the offload tier's costs; ``auto`` below what recomputation
+# reaches, and where its recomputation plan is costly (see the module docstring).
+OFFLOADING_SOLVERS = ("hybrid", "checkmate_swap")
+OFFLOAD_MIN_GAIN = 0.10  # where recomputation reaches the budget, auto plans with offloads only when this much cheaper
+# offloading plans are made at the budget and at one raise into reused bytes (each runs auto's solvers and
+# hybrid's greedy; more raises found the same plans on ResNet-18 at 20-24 MiB, in twice the time)
+OFFLOAD_TRY_REUSE_ROUNDS = 1
+
+
+def plan_into_reused_bytes(plan, budget_bytes: int, make, rounds: int = SLACK_ROUNDS):
+    """The cheapest of ``plan`` and plans made at raised budgets whose simulated peak fits ``budget_bytes``.
+
+    The planners count an op's output beside its inputs; the simulator also counts what Inductor
+    writes into the storage of a dying input (:func:`remat.inductor.fusion.inplace_reuses`), so a plan made
+    at the budget peaks below it. Plan again with the budget raised by the bytes left over, and
+    bisect between the last raise that fitted and the first that did not (``rounds`` plans at most):
+    those bytes buy fewer recomputations."""
+    high = None  # the lowest raised planning budget whose plan did not fit
+    planned_at = chosen_at = budget_bytes  # the highest raised budget that fitted; where ``plan`` was made
+    worth_trying = max(SLACK_MIN_FRACTION * budget_bytes, 1)
+    for _ in range(rounds):
+        gap = budget_bytes - plan.peak_bytes if high is None else high - planned_at  # bytes still unused / untried
+        if gap < worth_trying:
+            break
+        trial = planned_at + (gap if high is None else gap // 2)
+        try:
+            candidate = make(trial)
+        except InfeasibleBudgetError:
+            break
+        if candidate.peak_bytes <= budget_bytes:
+            if candidate.step_seconds <= plan.step_seconds:
+                plan, chosen_at = candidate, trial
+            planned_at = trial
+        else:
+            high = trial
+    if chosen_at != budget_bytes:
+        plan = copy.copy(plan)  # plans are shared by the caches
+        plan.budget_bytes = budget_bytes
+        plan.info = {**plan.info, "planned_at_bytes": chosen_at}
+    return plan
+
+
+def with_transfer_costs(fused: Fused, transfer: dict) -> Fused:
+    """``fused`` with the offload tier's costs in the meta of its graph and of the op-level graph
+    (what the planners and the expansion of an offloading plan read)."""
+
+    def costed(graph):
+        return dataclasses.replace(graph, meta={**graph.meta, "transfer": dict(transfer)})
+
+    return dataclasses.replace(fused, graph=costed(fused.graph), original=costed(fused.original))
+
+
+def compiled_transfer_meta(device) -> dict:
+    """The offload tier's measured costs (``graph.meta["transfer"]``) for a graph Inductor compiles:
+    its copies are synchronous (``remat::reload`` returns once the copy has landed; see
+    :mod:`remat.execute.compiled_ops`), so they never overlap compute."""
+    return {**make_transfer_meta(device), "overlap": False}
+
+
+class RematPartitioner(CustomPartitionerFn):
+    """Inductor's partitioner replaced by remat's capture, fusion model, planner and lowering.
+
+    ``margin_bytes`` is subtracted from the budget (bytes) before planning; :func:`compile`
+    raises it when a measured step comes out above the budget."""
+
+    planned_by_remat = True  # Inductor's scheduler keeps to the plan in graphs this partitioner makes (scheduling.py)
+
+    def __init__(self, options: BackendOptions, margin_bytes: int = 0):
+        self.options = options
+        self.margin_bytes = int(margin_bytes)
+        self.last_plan = None
+        self.last_budget_bytes: int | None = None
+
+    def __call__(self, gm: torch.fx.GraphModule, joint_inputs, *, num_fwd_outputs: int, **_kwargs):
+        install_plan_order_choices()  # before Inductor schedules the two graphs returned here
+        install_one_call_per_kernel()
+        opts = self.options
+        device = joint_device(gm)
+        seeded_copies = draw_random_per_reader(gm)
+        light_copies = recompute_light_values_per_reader(gm)
+        costs = InductorCostModel(device) if opts.cost_model == "inductor" else None
+        capture = capture_joint(
+            gm, num_fwd_outputs,
+            cost_fn=costs.node_seconds if costs else make_cost_fn(opts.cost_model, device),
+            workspace_fn=make_workspace_fn(opts.workspace),
+            transfer=compiled_transfer_meta(device) if opts.solver in OFFLOADING_SOLVERS else None,
+        )
+        fused = fuse(capture, kernel_seconds=costs.kernel_seconds if costs else None)
+        if opts.solver == "auto" and is_min(opts.budget):  # the smallest peak, offloading included
+            fused = with_transfer_costs(fused, compiled_transfer_meta(device))
+        try:
+            plan = self._plan(fused)
+        except InfeasibleBudgetError:
+            if opts.solver != "auto" or uses_swaps(fused.graph):
+                raise
+            # below what recomputation reaches: auto offloads too (its error then names that minimum)
+            fused = with_transfer_costs(fused, compiled_transfer_meta(device))
+            plan = self._plan(fused, reuse_rounds=OFFLOAD_TRY_REUSE_ROUNDS)
+        else:
+            if opts.solver == "auto" and not uses_swaps(fused.graph):
+                fused, plan = self._offload_if_much_cheaper(fused, plan, device)
+        self.last_plan = plan
+        if opts.on_plan is not None:
+            opts.on_plan(plan, capture)
+        expanded = fused.expand(plan)
+        graphs = lower(capture, expanded, compiled=True, keep_apart=fused.deferred_adds)
+        plan.info["seeded_copies"] = seeded_copies
+        plan.info["light_copies"] = light_copies
+        plan.info["stored_masks"] = store_random_masks(graphs, expanded, fused)
+        tag_plan_memory(graphs, plan, expanded, fused.members)
+        return graphs
+
+    def _plan(self, fused, reuse_rounds: int = SLACK_ROUNDS):
+        """The plan of ``fused``'s graph at the budget less the margin (raised into the bytes
+        Inductor writes in place where that fits, in at most ``reuse_rounds`` more plans)."""
+        opts = self.options
+        budget = opts.budget
+        budget_bytes = None if budget is None else resolve(fused.graph, budget, opts.solver)
+        self.last_budget_bytes = budget_bytes
+        if budget_bytes is not None and self.margin_bytes:
+            budget = max(0, budget_bytes - self.margin_bytes)
+
+        def make(planning_budget):
+            return plan_with_cache(
+                fused.graph, planning_budget, opts.solver, time_limit=opts.time_limit,
+                solver_options=opts.solver_options, cost_model=opts.cost_model, cache=opts.cache,
+            )
+
+        plan = make(budget)
+        if budget_bytes is not None and budget != "min" and fused.graph.meta.get("inplace_reuse"):
+            plan = plan_into_reused_bytes(plan, budget_bytes - self.margin_bytes, make, rounds=reuse_rounds)
+        plan.info["compiler"] = "inductor"
+        if budget_bytes is not None:
+            plan.info["budget_bytes"] = budget_bytes
+        if self.margin_bytes:
+            plan.info["planned_below_budget_by"] = self.margin_bytes
+        return plan
+
+    def _offload_if_much_cheaper(self, fused, plan, device):
+        """``auto``'s recomputation plan, or, where it costs much more than computing everything once,
+        the plan made with the offload tier's costs (``auto`` then also runs the ``hybrid`` solver, a
+        greedy refinement of the recomputation plan that offloads where that pays) when that is at
+        least ``OFFLOAD_MIN_GAIN`` cheaper (predicted step time). Near recomputation's smallest budget
+        the recomputation solvers' plans can cost far more: ResNet-18 of ``benchmarks/inductor.py`` at
+        30 MiB, ``keep_set``'s plan 92 ms predicted and 118 ms measured, ``hybrid``'s 62 and 63 (it
+        offloaded nothing: its refinement found cheaper recomputations; that was while BatchNorm stages
+        were pinned for ``hierarchical``, whose own plan there is now 56 ms predicted). Where the two are close,
+        recomputation stays (on GPT-2 at fraction 0.2 a hybrid plan predicted 2.5% faster measured
+        0.5% slower). No plan costs less than the store-everything step, so the second planning runs
+        only when the recomputation plan costs more than that by the same fraction."""
+        store_all_seconds = store_all_plan(fused.graph).step_seconds
+        if plan.step_seconds * (1 - OFFLOAD_MIN_GAIN) <= store_all_seconds:
+            return fused, plan
+        offloading = with_transfer_costs(fused, compiled_transfer_meta(device))
+        alternative = self._plan(offloading, reuse_rounds=OFFLOAD_TRY_REUSE_ROUNDS)
+        if alternative.step_seconds < (1 - OFFLOAD_MIN_GAIN) * plan.step_seconds:
+            alternative.info = {**alternative.info, "recomputation plan's step": plan.step_seconds}
+            return offloading, alternative
+        return fused, plan
+
+    def __getstate__(self) -> dict:
+        """Inductor pickles its config (cache keys): without the plan callback and the last plan."""
+        state = dict(self.__dict__)
+        state["options"] = dataclasses.replace(self.options, on_plan=None)
+        state["last_plan"] = None
+        return state
+
+    def uuid(self) -> str:
+        """Everything that changes the plan: budget, solver and its options, cost and workspace
+        models, the margin, remat's code and torch's version (Inductor's cache key)."""
+        o = self.options
+        described = json.dumps({
+            "budget": repr(o.budget), "solver": o.solver, "cost_model": repr(o.cost_model),
+            "workspace": o.workspace, "time_limit": o.time_limit,
+            "solver_options": repr(sorted((o.solver_options or {}).items())),
+            "margin": self.margin_bytes, "remat": code_fingerprint(), "torch": torch.__version__,
+        }, sort_keys=True)
+        return hashlib.sha256(described.encode()).hexdigest()
+
+
+def partitioner(budget=None, solver: str = "auto", cost_model: Any = INDUCTOR_COST_MODEL, *, workspace: str = "measure",
+                time_limit: float | None = None, solver_options: dict | None = None, cache: bool = True,
+                on_plan=None) -> RematPartitioner:
+    """A ``CustomPartitionerFn`` for ``torch._inductor.config.custom_partitioner_fn``.
+
+    Pass it with :data:`INDUCTOR_CONSTRAINTS` (see :func:`inductor_options`), which the memory model
+    relies on. ``budget`` as in :func:`remat.optimize`; it applies to each graph Inductor compiles."""
+    options = BackendOptions.from_dict(dict(
+        budget=budget, solver=solver, cost_model=cost_model, workspace=workspace, time_limit=time_limit,
+        solver_options=solver_options or {}, cache=cache, on_plan=on_plan,
+    ))
+    return RematPartitioner(options)
+
+
+def inductor_options(part: RematPartitioner, *, mode: str | None = None, options: dict | None = None) -> dict:
+    """``torch.compile(options=...)`` for Inductor with ``part``: the options of ``mode`` (torch.compile
+    refuses a mode and options together, so the mode is spelled out), then the user's ``options``,
+    then remat's partitioner and :data:`INDUCTOR_CONSTRAINTS`."""
+    merged = dict(torch._inductor.list_mode_options(mode)) if mode else {}
+    merged.update(options or {})
+    clashing = {k: merged[k] for k in INDUCTOR_CONSTRAINTS if k in merged and merged[k] != INDUCTOR_CONSTRAINTS[k]}
+    if clashing or "custom_partitioner_fn" in merged:
+        raise TypeError(
+            f"remat sets the Inductor options {sorted(INDUCTOR_CONSTRAINTS) + ['custom_partitioner_fn']} itself (its "
+            f"memory model relies on them); remove {sorted(clashing) or ['custom_partitioner_fn']} from options"
+        )
+    merged.update(INDUCTOR_CONSTRAINTS)
+    merged["custom_partitioner_fn"] = part
+    return merged
+
+
+__all__ = ["RematPartitioner", "partitioner", "inductor_options", "INDUCTOR_CONSTRAINTS", "with_transfer_costs",
+           "plan_into_reused_bytes", "compiled_transfer_meta", "OFFLOAD_MIN_GAIN", "OFFLOADING_SOLVERS"]
