@@ -16,7 +16,7 @@ from remat import models as zoo
 from remat.api import capture_and_plan
 from remat.cost import make_cost_fn, profile
 from remat.cost.profile import ProfileCostModel, index_bound
-from remat.cost.workspace import _materialize
+from remat.cost.workspace import materialize
 
 aten = torch.ops.aten
 
@@ -133,10 +133,10 @@ def test_index_bounds_of_gather_and_generic_ops():
 
 
 def test_materialize_draws_integers_below_the_bound():
-    ints = _materialize(torch.empty(1000, dtype=torch.long), 7)
+    ints = materialize(torch.empty(1000, dtype=torch.long), 7)
     assert 0 <= int(ints.min()) and int(ints.max()) == 6
-    assert int(_materialize(torch.empty(10, dtype=torch.int32)).abs().sum()) == 0  # no bound: zeros
-    expanded = _materialize(torch.empty(1, 4, dtype=torch.long).expand(5, 4), 3)
+    assert int(materialize(torch.empty(10, dtype=torch.int32)).abs().sum()) == 0  # no bound: zeros
+    expanded = materialize(torch.empty(1, 4, dtype=torch.long).expand(5, 4), 3)
     assert expanded.stride() == (0, 1) and int(expanded.max()) < 3
 
 

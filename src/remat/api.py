@@ -25,6 +25,7 @@ from .capture import (Capture, PlanReady, check_unwrapped, detached_copies, no_l
                       training_step_mode, unwrap_compile_error)
 from .cost import DEFAULT_COST_MODEL, INDUCTOR_COST_MODEL
 from .errors import CaptureError, NotTrainingWarning
+from . import inductor
 from .plan import Plan
 
 
@@ -121,9 +122,7 @@ class RematModule(nn.Module):
         self._remat_compiler = compiler
         object.__setattr__(self, "_remat_partitioner", None)
         if compiler == "inductor":
-            from .inductor import RematPartitioner
-
-            part = RematPartitioner(BackendOptions.from_dict(options))
+            part = inductor.RematPartitioner(BackendOptions.from_dict(options))
             self._remat_inductor = dict(mode=mode, options=inductor_options, compile_kwargs=compile_kwargs or {})
             self._recompile(part)
         else:
@@ -131,10 +130,8 @@ class RematModule(nn.Module):
 
     def _recompile(self, part) -> None:
         """Compile with Inductor and ``part`` as its partitioner (again: a fresh entry point)."""
-        from .inductor import inductor_options
-
         settings = self._remat_inductor
-        opts = inductor_options(part, mode=settings["mode"], options=settings["options"])
+        opts = inductor.inductor_options(part, mode=settings["mode"], options=settings["options"])
         kwargs = {"fullgraph": True, "dynamic": False, **settings["compile_kwargs"]}
         object.__setattr__(self, "_remat_partitioner", part)
         object.__setattr__(self, "_remat_compiled",
@@ -248,11 +245,9 @@ def optimize(
 
 
 def _calibrate(wrapped: RematModule, args: tuple, kwargs: dict) -> None:
-    from .inductor import RematPartitioner, calibrate
-
     options = wrapped._remat_partitioner.options
     try:
-        calibrate(wrapped, lambda margin: RematPartitioner(options, margin), args, kwargs)
+        inductor.calibrate(wrapped, lambda margin: inductor.RematPartitioner(options, margin), args, kwargs)
     except Exception as err:
         inner = unwrap_compile_error(err)
         if inner is err:

@@ -120,7 +120,7 @@ _FREE_OPS = {
 }
 
 
-def _costs_nothing(node: torch.fx.Node) -> bool:
+def costs_nothing(node: torch.fx.Node) -> bool:
     """Placeholders, outputs, getitem, views and metadata ops: no time, no bytes."""
     if node.op != "call_function":
         return True
@@ -139,7 +139,7 @@ def _val(node: torch.fx.Node) -> Any:
     return node.meta.get("val")
 
 
-def _fake_args(node: torch.fx.Node) -> tuple[tuple, dict]:
+def fake_args(node: torch.fx.Node) -> tuple[tuple, dict]:
     args = torch.fx.node.map_arg(node.args, _val)
     kwargs = torch.fx.node.map_arg(node.kwargs, _val)
     return args, kwargs  # type: ignore[return-value]
@@ -159,7 +159,7 @@ def _tensor_bytes(t: torch.Tensor) -> int:
     return _as_int(t.numel()) * t.element_size()
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def tensors_of(value: Any) -> list[torch.Tensor]:
     leaves, _ = tree_flatten(value)
     return [x for x in leaves if isinstance(x, torch.Tensor)]
 
@@ -191,7 +191,7 @@ def _decomposed_flops(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> f
     if key is not None and key in _DECOMPOSED_FLOPS:
         return _DECOMPOSED_FLOPS[key]
     flops = 0.0
-    tensors = _tensors((args, kwargs))
+    tensors = tensors_of((args, kwargs))
     fake_mode = torch._guards.detect_fake_mode(tensors) if tensors else None
     if fake_mode is not None and all(
         isinstance(t, torch._subclasses.FakeTensor) for t in tensors
@@ -215,18 +215,18 @@ def node_flops(node: torch.fx.Node) -> float:
 
     0 for nodes that are not ``call_function`` ops and for ops without a formula.
     """
-    if _costs_nothing(node):
+    if costs_nothing(node):
         return 0.0
     target = node.target
     formula = _formula(target)
     if formula is not None:
-        args, kwargs = _fake_args(node)
+        args, kwargs = fake_args(node)
         try:
             return float(_as_int(formula(*args, **kwargs, out_val=_val(node))))
         except Exception:  # missing meta["val"] or an unexpected argument layout
             return 0.0
     if isinstance(target, torch._ops.OpOverload) and target._can_decompose():
-        args, kwargs = _fake_args(node)
+        args, kwargs = fake_args(node)
         return _decomposed_flops(target, args, kwargs)
     return 0.0
 
@@ -238,11 +238,11 @@ def node_bytes(node: torch.fx.Node) -> int:
     that aliases an input (``copy_``, ``out=`` ops) is not counted again. Views and other
     nodes that cost nothing move 0 bytes.
     """
-    if _costs_nothing(node):
+    if costs_nothing(node):
         return 0
     total = 0
     for inp in node.all_input_nodes:  # distinct, in order
-        total += sum(_tensor_bytes(t) for t in _tensors(_val(inp)))
+        total += sum(_tensor_bytes(t) for t in tensors_of(_val(inp)))
     out = _val(node)
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
@@ -252,9 +252,9 @@ def node_bytes(node: torch.fx.Node) -> int:
             alias = returns[i].alias_info if i < len(returns) else None
             if alias is not None:
                 continue
-            total += sum(_tensor_bytes(t) for t in _tensors(o))
+            total += sum(_tensor_bytes(t) for t in tensors_of(o))
     else:
-        total += sum(_tensor_bytes(t) for t in _tensors(out))
+        total += sum(_tensor_bytes(t) for t in tensors_of(out))
     return total
 
 
@@ -268,7 +268,7 @@ def node_random_draws(node: torch.fx.Node) -> int:
     seeded = torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
     if not seeded and str(node.target) not in SEEDED_RANDOM_OPS:
         return 0
-    return max((_as_int(t.numel()) for t in _tensors(_val(node))), default=0)
+    return max((_as_int(t.numel()) for t in tensors_of(_val(node))), default=0)
 
 
 class FlopsCostModel:
@@ -288,7 +288,7 @@ class FlopsCostModel:
 
     def node_seconds(self, node: torch.fx.Node) -> float:
         """Predicted seconds of one node."""
-        if _costs_nothing(node):
+        if costs_nothing(node):
             return 0.0
         seconds = self.roofline.seconds(node_flops(node), node_bytes(node))
         drawn = node_random_draws(node)

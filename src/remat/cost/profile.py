@@ -59,8 +59,8 @@ import torch.fx as fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from . import machine
-from .flops import _costs_nothing, _fake_args, _tensors
-from .workspace import _materialize, _signature
+from .flops import costs_nothing, fake_args, tensors_of
+from .workspace import materialize, op_signature
 
 __all__ = ["ProfileCostModel", "index_bound"]
 
@@ -121,14 +121,14 @@ def index_bound(node: fx.Node) -> int:
     index_*, max-pool backward, ...); otherwise the smallest dimension of the node's floating
     point inputs, or 0 when it has none.
     """
-    args, kwargs = _fake_args(node)
+    args, kwargs = fake_args(node)
     rule = _INDEX_BOUNDS.get(getattr(node.target, "overloadpacket", None))
     if rule is not None:
         try:
             return int(rule(*args, **kwargs))
         except Exception:  # an unexpected argument layout: use the generic rule
             pass
-    dims = [int(d) for t in _tensors((args, kwargs)) if t.is_floating_point() for d in t.shape]
+    dims = [int(d) for t in tensors_of((args, kwargs)) if t.is_floating_point() for d in t.shape]
     return min((d for d in dims if d >= 1), default=0)
 
 
@@ -165,14 +165,14 @@ class ProfileCostModel:
 
     def node_seconds(self, node: fx.Node) -> float:
         """Measured (or cached) seconds of one node."""
-        if _costs_nothing(node):
+        if costs_nothing(node):
             return 0.0
         touched = [node.meta.get("val")] + [n.meta.get("val") for n in node.all_input_nodes]
-        if not _tensors(touched):
+        if not tensors_of(touched):
             return 0.0  # no tensor in or out: SymInt arithmetic and the like
         if not isinstance(node.target, torch._ops.OpOverload):
             return self.fallback(node)  # a higher-order op: cannot be run alone
-        sig = repr(_signature(node))
+        sig = repr(op_signature(node))
         with _LOCK:
             memo = self._memo()
             if sig in memo:
@@ -214,12 +214,12 @@ class ProfileCostModel:
             val = n.meta.get("val")
             if isinstance(val, torch.Tensor):
                 if n not in real:
-                    real[n] = _materialize(val, bound)
+                    real[n] = materialize(val, bound)
                 return real[n]
             return val
 
         op = node.target
-        fakes = _tensors([node.meta.get("val")] + [n.meta.get("val") for n in node.all_input_nodes])
+        fakes = tensors_of([node.meta.get("val")] + [n.meta.get("val") for n in node.all_input_nodes])
         cuda = sorted({t.device.index or 0 for t in fakes if t.device.type == "cuda"})
         # drawing the inputs and running random ops both leave the generators as they were
         with torch.random.fork_rng(devices=cuda), torch.no_grad():

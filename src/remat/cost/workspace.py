@@ -52,11 +52,11 @@ def _describe(x):
     return repr(x)
 
 
-def _signature(node: fx.Node) -> tuple:
+def op_signature(node: fx.Node) -> tuple:
     return (str(node.target), _describe(node.args), _describe(tuple(sorted(node.kwargs.items()))))
 
 
-def _materialize(val: torch.Tensor, high: int = 0) -> torch.Tensor:
+def materialize(val: torch.Tensor, high: int = 0) -> torch.Tensor:
     """A real tensor with ``val``'s shape, strides (expanded ones too) and dtype.
 
     Floats are standard normal, bools random; integers are drawn uniformly from
@@ -95,7 +95,7 @@ def node_workspace(node: fx.Node) -> int:
         return 0
     if node.target.is_view:
         return 0
-    key = _signature(node)
+    key = op_signature(node)
     if key not in _CACHE:
         # the partition function runs under AOTAutograd's fake mode: probe with real tensors
         with _disable_current_modes():
@@ -112,7 +112,7 @@ def _probe(node: fx.Node) -> int:
         val = n.meta.get("val")
         if isinstance(val, torch.Tensor):
             if n not in real:
-                real[n] = _materialize(val)
+                real[n] = materialize(val)
             return real[n]
         return val
 

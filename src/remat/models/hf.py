@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .registry import _register
+from .registry import register
 
 
 class LossOnly(nn.Module):
@@ -58,7 +58,7 @@ def _finish_hf(model: nn.Module, loss_type: str, **call_options: Any) -> LossOnl
 _GPT2 = dict(n_layer=2, n_embd=128, n_head=4, vocab=1000, positions=256)
 
 
-@_register(
+@register(
     "gpt2",
     tiny=dict(_GPT2, batch=2, seq=32),
     small=dict(_GPT2, batch=8, seq=128),
@@ -79,7 +79,7 @@ def _gpt2(n_layer, n_embd, n_head, vocab, positions, batch, seq):
 _BERT = dict(layers=2, hidden=128, heads=4, vocab=1000, positions=256)
 
 
-@_register(
+@register(
     "bert",
     tiny=dict(_BERT, batch=2, seq=32),
     small=dict(_BERT, batch=8, seq=128),
@@ -102,7 +102,7 @@ def _bert(layers, hidden, heads, vocab, positions, batch, seq):
 _VIT = dict(layers=2, hidden=128, heads=4, image=32, patch=4)
 
 
-@_register(
+@register(
     "vit",
     tiny=dict(_VIT, batch=2, image=16),
     small=dict(_VIT, batch=32),
@@ -124,7 +124,7 @@ def _vit(layers, hidden, heads, image, patch, batch):
 _LLAMA = dict(layers=2, hidden=128, heads=4, kv_heads=2, vocab=1000, positions=256)
 
 
-@_register(
+@register(
     "llama",
     tiny=dict(_LLAMA, batch=2, seq=32),
     small=dict(_LLAMA, batch=8, seq=128),

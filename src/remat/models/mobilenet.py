@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import _conv_bn
-from .registry import _register
+from .layers import conv_bn
+from .registry import register
 
 
 # (output channels as a multiple of the stem's, stride) of MobileNet v1's 13 depthwise-separable
@@ -42,7 +42,7 @@ class MobileNet(nn.Module):
 
     def __init__(self, width: int, classes: int = 10):
         super().__init__()
-        layers, c = [_conv_bn(3, width, stride=2, inplace=True)], width
+        layers, c = [conv_bn(3, width, stride=2, inplace=True)], width
         for multiple, stride in _MOBILENET_LAYERS:
             layers.append(_depthwise_separable(c, multiple * width, stride))
             c = multiple * width
@@ -53,7 +53,7 @@ class MobileNet(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
 
 
-@_register(
+@register(
     "mobilenet",
     tiny=dict(batch=2, image=32, width=8),
     small=dict(batch=32, image=64, width=16),

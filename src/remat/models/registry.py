@@ -1,6 +1,6 @@
 """The registry of example models: :class:`Example`, the sizes, and :func:`build` / :func:`names`.
 
-Each family module registers its builders with :func:`_register` when it is imported; the
+Each family module registers its builders with :func:`register` when it is imported; the
 package's ``__init__`` imports the families in a fixed order, which is the order of
 :func:`names`. A builder takes a size's settings and returns ``(model, args, kwargs)``, drawing
 from the global RNG, which :func:`build` has seeded inside a forked RNG state.
@@ -61,7 +61,7 @@ _BUILDERS: dict[str, Callable[..., tuple[nn.Module, tuple, dict]]] = {}
 _CONFIGS: dict[str, dict[str, dict[str, Any]]] = {}
 
 
-def _register(name: str, **sizes: dict[str, Any]):
+def register(name: str, **sizes: dict[str, Any]):
     def deco(fn):
         _BUILDERS[name] = fn
         _CONFIGS[name] = sizes

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import _conv_bn
-from .registry import _register
+from .layers import conv_bn, shortcut
+from .registry import register
 
 
 class BasicBlock(nn.Module):
@@ -26,11 +26,7 @@ class BasicBlock(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(c_out)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or c_in != c_out:
-            self.shortcut = nn.Sequential(
-                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out)
-            )
+        self.shortcut = shortcut(c_in, c_out, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.relu(self.bn1(self.conv1(x)))
@@ -43,7 +39,7 @@ class ResNet(nn.Module):
 
     def __init__(self, width: int, blocks: int, classes: int = 10):
         super().__init__()
-        self.stem = _conv_bn(3, width, inplace=True)
+        self.stem = conv_bn(3, width, inplace=True)
         layers, c = [], width
         for i, w in enumerate((width, 2 * width, 4 * width)):
             for j in range(blocks):
@@ -56,7 +52,7 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.layers(self.stem(x)), 1), 1))
 
 
-@_register(
+@register(
     "resnet",
     tiny=dict(batch=2, image=16, width=8, blocks=1),
     small=dict(batch=32, image=32, width=16, blocks=2),

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .registry import _register
+from .layers import shortcut
+from .registry import register
 from .resnet import BasicBlock
 
 
@@ -35,11 +36,7 @@ class Bottleneck(nn.Module):
         self.conv3 = nn.Conv2d(planes, c_out, 1, bias=False)
         self.bn3 = nn.BatchNorm2d(c_out)
         self.relu = nn.ReLU(inplace=True)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or c_in != c_out:
-            self.shortcut = nn.Sequential(
-                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out)
-            )
+        self.shortcut = shortcut(c_in, c_out, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.relu(self.bn1(self.conv1(x)))
@@ -78,7 +75,7 @@ class ImageNetResNet(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-@_register(
+@register(
     "resnet18",
     tiny=dict(batch=2, image=32, width=8),
     small=dict(batch=128, image=64, width=16),
@@ -89,7 +86,7 @@ def _resnet18(batch, image, width):
     return model, (torch.randn(batch, 3, image, image),), {}
 
 
-@_register(
+@register(
     "resnet50",
     tiny=dict(batch=2, image=32, width=4),
     small=dict(batch=32, image=64, width=16),

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import _conv_bn
-from .registry import _register
+from .layers import conv_bn
+from .registry import register
 
 
 def _mlp_layers(d_in: int, width: int, depth: int, dropout: tuple[float, ...] = ()) -> list:
@@ -51,7 +51,7 @@ class CNN(nn.Module):
         super().__init__()
         stages, c = [], c_in
         for w in widths:
-            stages += [_conv_bn(c, w), _conv_bn(w, w), nn.MaxPool2d(2)]
+            stages += [conv_bn(c, w), conv_bn(w, w), nn.MaxPool2d(2)]
             c = w
         self.features = nn.Sequential(*stages)
         self.head = nn.Linear(c, classes)
@@ -144,7 +144,7 @@ class TwoOutputs(nn.Module):
         return self.head(features), features
 
 
-@_register(
+@register(
     "mlp",
     tiny=dict(batch=32, d_in=64, width=64, depth=4),
     small=dict(batch=4096, d_in=256, width=256, depth=10),
@@ -154,7 +154,7 @@ def _mlp(batch, d_in, width, depth):
     return MLP(d_in, width, depth, 10), (torch.randn(batch, d_in),), {}
 
 
-@_register(
+@register(
     "dropout_mlp",
     tiny=dict(batch=32, d_in=64, width=64, depth=4),
     small=dict(batch=2048, d_in=256, width=256, depth=8),
@@ -165,7 +165,7 @@ def _dropout_mlp(batch, d_in, width, depth):
     return model, (torch.randn(batch, d_in),), {}
 
 
-@_register(
+@register(
     "cnn_bn",
     tiny=dict(batch=4, image=16, widths=(8, 16)),
     small=dict(batch=16, image=64, widths=(16, 32, 64)),
@@ -175,7 +175,7 @@ def _cnn_bn(batch, image, widths):
     return CNN(widths), (torch.randn(batch, 3, image, image),), {}
 
 
-@_register(
+@register(
     "inplace_views",
     tiny=dict(batch=4, seq=16, dim=32, heads=4, depth=2),
     small=dict(batch=8, seq=256, dim=256, heads=8, depth=4),
@@ -185,7 +185,7 @@ def _inplace_views(batch, seq, dim, heads, depth):
     return InplaceViews(dim, heads, depth), (torch.randn(batch, seq, dim),), {}
 
 
-@_register(
+@register(
     "tied",
     tiny=dict(batch=4, seq=16, vocab=100, dim=32, depth=2),
     small=dict(batch=16, seq=128, vocab=2000, dim=128, depth=4),
@@ -197,7 +197,7 @@ def _tied(batch, seq, vocab, dim, depth):
     return model, (), {"input_ids": ids[:, :-1].contiguous(), "targets": ids[:, 1:].contiguous()}
 
 
-@_register(
+@register(
     "two_outputs",
     tiny=dict(batch=32, d_in=64, width=64, depth=3),
     small=dict(batch=4096, d_in=256, width=256, depth=8),

@@ -12,12 +12,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .layers import _conv_bn
-from .registry import _register
+from .layers import conv_bn
+from .registry import register
 
 
 def _double_conv(c_in: int, c_out: int) -> nn.Sequential:
-    return nn.Sequential(_conv_bn(c_in, c_out, inplace=True), _conv_bn(c_out, c_out, inplace=True))
+    return nn.Sequential(conv_bn(c_in, c_out, inplace=True), conv_bn(c_out, c_out, inplace=True))
 
 
 class UNetUp(nn.Module):
@@ -63,7 +63,7 @@ class UNet(nn.Module):
         return self.out(x)
 
 
-@_register(
+@register(
     "unet",
     tiny=dict(batch=2, image=32, width=4),
     small=dict(batch=16, image=64, width=8),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .registry import _register
+from .registry import register
 
 
 _VGG_CONFIGS = {  # Simonyan & Zisserman, configurations A and D; "M" is a 2x2 max-pool
@@ -54,13 +54,13 @@ def _vgg(name: str):
     return builder
 
 
-_register(
+register(
     "vgg11",
     tiny=dict(batch=2, image=32, width=8, hidden=64),
     small=dict(batch=192, image=32, width=16, hidden=128),
     medium=dict(batch=384, image=32, width=32, hidden=256),
 )(_vgg("vgg11"))
-_register(
+register(
     "vgg16",
     tiny=dict(batch=2, image=32, width=8, hidden=64),
     small=dict(batch=128, image=32, width=16, hidden=128),

@@ -50,6 +50,7 @@ from ..errors import RematError
 from ..graph import Graph
 from ..version import __version__
 from ..plan import Plan
+from .planner import make_plan
 
 __all__ = ["ENV_VAR", "plan_cache_dir", "cache_key", "lookup", "store", "plan_with_cache"]
 
@@ -149,8 +150,6 @@ def plan_with_cache(graph: Graph, budget=None, solver: str = "auto", *, time_lim
 
     Sets ``plan.info["cache"]``: ``"hit"`` (read, not solved; ``solve_seconds`` is then the time
     the lookup took), ``"miss"`` (solved and stored) or ``"off"``."""
-    from .planner import make_plan
-
     options = dict(solver_options or {})
     key = cache_key(graph, budget, solver, cost_model=cost_model, time_limit=time_limit,
                     solver_options=options) if cache else None

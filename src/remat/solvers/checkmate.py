@@ -73,7 +73,7 @@ def _plan_from(graph: Graph, f: Formulation, R_on, **kw) -> Plan:
     return Plan.from_schedule(graph, forward, backward, **kw)
 
 
-def _baselines(graph: Graph, budget_bytes: int | None) -> list[Plan]:
+def warm_start_plans(graph: Graph, budget_bytes: int | None) -> list[Plan]:
     plans = []
     for name in WARM_START_SOLVERS:
         if name in SOLVERS:
@@ -84,7 +84,7 @@ def _baselines(graph: Graph, budget_bytes: int | None) -> list[Plan]:
     return plans
 
 
-def _model_info(f: Formulation) -> dict:
+def formulation_info(f: Formulation) -> dict:
     binaries = sum(f.integer)
     return {
         "variables": f.num_cols,
@@ -94,7 +94,7 @@ def _model_info(f: Formulation) -> dict:
     }
 
 
-def _solve(h, time_limit: float | None, gap: float, threads: int | None):
+def run_highs(h, time_limit: float | None, gap: float, threads: int | None):
     """Run HiGHS on ``h``: (model status, info, solution vector or None).
 
     The vector is checked against the objective HiGHS reports: highspy 1.16.0 can report the
@@ -172,13 +172,13 @@ def solve_milp(
     start = time.perf_counter()
     f = build(graph, budget_bytes, save_budget_bytes=save_budget_bytes)
     h = to_highs(f)
-    info = {"formulation": _model_info(f)}
+    info = {"formulation": formulation_info(f)}
     warm = None
     if warm_start:
         if budget_bytes is None:  # smallest peak: start from the baseline plan of smallest peak
-            candidates = sorted(_baselines(graph, 0), key=lambda p: (p.peak_bytes, p.compute_seconds))
+            candidates = sorted(warm_start_plans(graph, 0), key=lambda p: (p.peak_bytes, p.compute_seconds))
         else:
-            plans = (_baselines(graph, budget_bytes) if baselines else []) + list(warm_plans)
+            plans = (warm_start_plans(graph, budget_bytes) if baselines else []) + list(warm_plans)
             if save_budget_bytes is not None:  # the save budget counts droppable values only
                 variable, _ = value_roles(graph)
                 plans = [p for p in plans
@@ -205,7 +205,7 @@ def solve_milp(
                 info["warm start"] = f"{p.solver} ({p.overhead * 100:+.1f}%)"
                 break
     limit = time_limit if time_limit is not None else DEFAULT_TIME_LIMIT
-    status, hinfo, x = _solve(h, max(min(1.0, limit), limit - (time.perf_counter() - start)), gap, threads)
+    status, hinfo, x = run_highs(h, max(min(1.0, limit), limit - (time.perf_counter() - start)), gap, threads)
     info["setup seconds"] = round(time.perf_counter() - start - h.getRunTime(), 3)
     info["solve seconds"] = round(h.getRunTime(), 3)
     status_name = h.modelStatusToString(status)
@@ -329,8 +329,8 @@ def solve_lp_rounding(
         f = build(graph, int(budget_bytes * factor))
         h = to_highs(f, relax=True)
         left = None if time_limit is None else max(1.0, time_limit - (time.perf_counter() - start))
-        status, _, x = _solve(h, left, 1e-6, None)
-        info = {"formulation": _model_info(f), "lp budget factor": factor, "lp status": h.modelStatusToString(status)}
+        status, _, x = run_highs(h, left, 1e-6, None)
+        info = {"formulation": formulation_info(f), "lp budget factor": factor, "lp status": h.modelStatusToString(status)}
         if x is None:
             continue
         S_star = {key: x[col] for key, col in f.S.items()}

@@ -432,7 +432,7 @@ def solve_swap_milp(
     past its barrier), the model is solved again without spill; ``repairs`` counts those re-solves."""
     import highspy
 
-    from .checkmate import _baselines, _model_info, _solve
+    from .checkmate import warm_start_plans, formulation_info, run_highs
 
     start = time.perf_counter()
     limit = DEFAULT_TIME_LIMIT if time_limit is None else float(time_limit)
@@ -440,10 +440,10 @@ def solve_swap_milp(
     m = build_swap(graph, model_budget, no_spill=no_spill)
     f = m.f
     h = to_highs(f)
-    info: dict = {"formulation": {**_model_info(f), "swap binaries": len(m.OUT) + len(m.IN)}, "time model": m.model_name}
+    info: dict = {"formulation": {**formulation_info(f), "swap binaries": len(m.OUT) + len(m.IN)}, "time model": m.model_name}
     best = None  # (objective, vector, solver) of the best warm start
     if warm_start:
-        plans = _baselines(graph, model_budget if model_budget is not None else 0) + list(warm_plans)
+        plans = warm_start_plans(graph, model_budget if model_budget is not None else 0) + list(warm_plans)
         if model_budget is not None and not warm_plans:  # the greedy, when no caller passed its plan
             try:
                 plans.append(SOLVERS["hybrid"](graph, model_budget, time_limit=max(1.0, min(WARM_GREEDY_TIME_LIMIT, limit / 4))))
@@ -461,7 +461,7 @@ def solve_swap_milp(
             sol.value_valid = True
             if h.setSolution(sol) == highspy.HighsStatus.kOk:
                 info["warm start"] = best[2]
-    status, hinfo, x = _solve(h, max(min(1.0, limit), limit - (time.perf_counter() - start)), gap, threads)
+    status, hinfo, x = run_highs(h, max(min(1.0, limit), limit - (time.perf_counter() - start)), gap, threads)
     info["solve seconds"] = round(h.getRunTime(), 3)
     status_name = h.modelStatusToString(status)
     if x is None and best is not None and status != highspy.HighsModelStatus.kInfeasible:
@@ -534,7 +534,7 @@ def checkmate_swap(
     """Recomputation and swapping, solved exactly on small graphs (see the module docstring)."""
     if options:
         raise SolverError(f"checkmate_swap takes time_limit, gap, threads, warm_start and warm_plans; got {sorted(options)}")
-    from .hybrid import has_transfer_costs
+    from ..simulate import has_transfer_costs
 
     if not has_transfer_costs(graph):
         raise SolverError(f"checkmate_swap needs transfer costs (graph.meta['transfer']) on {graph.name!r}")

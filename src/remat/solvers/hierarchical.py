@@ -55,7 +55,7 @@ def block_menu(block: Block, *, time_limit: float) -> tuple[list[tuple], dict]:
     optimal there too: bounding the peak cannot make a plan cheaper), else the Checkmate MILP,
     warm-started from the cheapest schedule found so far that fits both budgets.
     """
-    from .checkmate import _baselines, solve_milp
+    from .checkmate import warm_start_plans, solve_milp
 
     g = block.graph
     base = store_all_option(block)
@@ -85,7 +85,7 @@ def block_menu(block: Block, *, time_limit: float) -> tuple[list[tuple], dict]:
     for fraction in PEAK_FRACTIONS:
         bound = int(fraction * store_all_peak)
         found: list[Plan] = []
-        warm = _baselines(g, bound)  # the MILPs' warm starts, made once per row
+        warm = warm_start_plans(g, bound)  # the MILPs' warm starts, made once per row
 
         def bounded(save: int) -> Plan | None:
             """The row's plan at ``save`` (None: infeasible, or no plan found in time)."""
