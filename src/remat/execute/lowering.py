@@ -362,8 +362,8 @@ def lower(capture: Capture, plan: Plan, *, compiled: bool = False,
     """Forward and backward GraphModules that execute ``plan`` (not yet boxed). ``compiled``: the
     graphs are for a compiler (Inductor), which needs registered operators only, so random ops,
     offloads and reloads run through :mod:`remat.execute.compiled_ops` (``remat::offload`` and
-    ``remat::reload`` copy synchronously). ``keep_apart``: op ids of ``add``s written as ``sub(x, y, alpha=-1)`` (bitwise ``x + y``), so that Inductor does not
-    fuse an earlier ``mm`` into them (:attr:`remat.inductor.fusion.Fused.deferred_adds`)."""
+    ``remat::reload`` copy synchronously). ``keep_apart``: op ids of ``add``s written as
+    ``sub(x, y, alpha=-1)`` (bitwise ``x + y``), so that Inductor does not fuse an earlier ``mm`` into them (:attr:`remat.inductor.fusion.Fused.deferred_adds`)."""
     return _Lowering(capture, plan, compiled, keep_apart).lower()
 
 
