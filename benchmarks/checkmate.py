@@ -3,7 +3,7 @@
 Run: ``.venv/bin/python benchmarks/checkmate.py [--quick]`` (writes ``benchmarks/checkmate.md``).
 
 1. **Table 2 analogue** (Jain et al., MLSys 2020): on VGG16, ResNet-50, MobileNet and U-Net
-   (``remat.zoo``, scaled to a 2-core CPU), each solver's predicted compute (``flops``
+   (``remat.models``, scaled to a 2-core CPU), each solver's predicted compute (``flops``
    cost model) divided by the MILP's, at budgets of 90/80/70/60/50% of store_all's peak;
    the geometric mean over the budgets where the solver fits ("–": fits none). Where the MILP
    does not prove optimality within its time limit, ratios are taken to its best bound
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import platform
 import statistics
 import sys
 import time
@@ -29,11 +28,13 @@ from pathlib import Path
 import torch
 
 import remat
-from remat import zoo
+from remat import models as zoo
 from remat.api import capture_and_plan
 from remat.errors import SolverError
-from remat.measure import peak_memory_growth
 from remat.solvers import solve
+
+from common import (  # this folder is on the path
+    alternating_rounds, cpu_name, md_header, measured_peak, process_setup, quiet, timed_step)
 
 FRACTIONS = (0.9, 0.8, 0.7, 0.6, 0.5)
 BASELINES = ("checkpoint_all", "chen_sqrt", "chen_sqrt_ap", "chen_greedy", "chen_greedy_ap", "revolve", "checkmate_lp")
@@ -59,9 +60,7 @@ def milp(graph, budget, time_limit, coarsen="auto"):
 
 
 def table2(models, time_limit) -> list[str]:
-    rows = []
-    header = "| model | nodes | MILP graph | " + " | ".join(BASELINES) + " |"
-    rows += [header, "|" + "---|" * (3 + len(BASELINES))]
+    rows = md_header(["model", "nodes", "MILP graph", *BASELINES])
     for name, size in models:
         graph, store = graph_of(name, size)
         ratios: dict[str, list[float]] = {b: [] for b in BASELINES}
@@ -94,7 +93,8 @@ def table2(models, time_limit) -> list[str]:
 
 
 def solve_times(models, time_limit) -> list[str]:
-    rows = ["| model | nodes | budget | status | MIP gap | overhead | solve s | variables | binaries | constraints |", "|" + "---|" * 10]
+    rows = md_header(["model", "nodes", "budget", "status", "MIP gap", "overhead", "solve s", "variables", "binaries",
+                      "constraints"])
     for name, size in models:
         graph, store = graph_of(name, size)
         for frac in FRACTIONS:
@@ -121,8 +121,7 @@ def measured(model, frac, time_limit, rounds) -> list[str]:
     for s in solvers:
         ex = zoo.build(name, size=size)
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with quiet():
                 module = remat.optimize(ex.model, *ex.args, **ex.kwargs, solver=s, budget=None if s == "store_all" else budget, time_limit=time_limit)
         except (SolverError, remat.InfeasibleBudgetError) as err:
             print(f"  {s}: {type(err).__name__}", file=sys.stderr)
@@ -133,20 +132,17 @@ def measured(model, frac, time_limit, rounds) -> list[str]:
             ex.loss(module(*ex.args, **ex.kwargs)).backward()
 
         step()
-        peak, _ = peak_memory_growth(step, torch.device("cpu"))
-        runs[s] = (module.plan, peak, step)
-    times = {s: [] for s in runs}
-    for _ in range(rounds):
-        for s, (_, _, step) in runs.items():
-            t0 = time.perf_counter()
-            step()
-            times[s].append(time.perf_counter() - t0)
+        runs[s] = (module.plan, measured_peak(None, step), step)  # the step clears the grads itself
+    # each round, every solver's step in turn (grads cleared inside the timed step)
+    samples = alternating_rounds([], [lambda step=step: timed_step(None, step) for _, _, step in runs.values()],
+                                 rounds, warmup=0)
+    times = {s: [t for (t,) in per] for s, per in zip(runs, samples)}
     base = statistics.median(times["store_all"])
     rows = [
         f"{name} ({size}), budget {frac:.0%} of store_all = {budget / 2**20:.2f} MiB; {rounds} rounds",
         "",
-        "| solver | predicted peak MiB | measured peak MiB | measured/predicted | predicted overhead | measured time / store_all |",
-        "|---|---|---|---|---|---|",
+        *md_header(["solver", "predicted peak MiB", "measured peak MiB", "measured/predicted", "predicted overhead",
+                    "measured time / store_all"]),
     ]
     for s, (plan, peak, _) in runs.items():
         rows.append(
@@ -167,11 +163,11 @@ def main() -> None:
     tm = [(n, size or s) for n, s in TIMING_MODELS]
     mm = (MEASURE_MODEL[0], size or MEASURE_MODEL[1])
     limit = 10.0 if args.quick else args.time_limit
-    torch.manual_seed(0)
+    process_setup(seed=0)
     out = [
         "# Checkmate planners vs baselines",
         "",
-        f"`benchmarks/checkmate.py` on {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+        f"`benchmarks/checkmate.py` on {cpu_name()}, {torch.get_num_threads()} threads, "
         f"torch {torch.__version__}, HiGHS MILP time limit {limit:.0f} s, cost model `flops`.",
         "",
     ]

@@ -20,93 +20,45 @@ one process, on one GPU, with the ``profile`` cost model (every op timed on this
 
 from __future__ import annotations
 
+if __name__ == "cuda":  # this folder is on sys.path: torch's `from cuda.bindings import ...` found this script
+    raise ImportError("benchmarks/cuda.py is a script, not the cuda-python package")
+
 import argparse
 import json
-import statistics
 import sys
 import time
 import traceback
-import warnings
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "src"))
+import common  # this folder is on the path
+
+common.use_checkout_src()
 
 import torch  # noqa: E402
 
 import remat  # noqa: E402
-import remat.planner as planner  # noqa: E402
-from remat import zoo  # noqa: E402
+import remat.solvers.planner as planner  # noqa: E402
+from remat import models as zoo  # noqa: E402
 from remat.budget import fixed_bytes  # noqa: E402
 from remat.errors import RematError  # noqa: E402
-from remat.measure import peak_memory_growth  # noqa: E402
-from provenance import git_revision  # noqa: E402  (this folder is on the path)
+from common import (  # noqa: E402
+    HERE, bitwise_equal, capture_store_all, fmt, git_revision, gpt2, log, make_step, md_header, measured_peak, mib,
+    pct, quiet, seeded_grads, time_against, write_json)
 
-MiB = 2**20
 DEVICE = "cuda"  # --cpu-smoke: "cpu" (to check the script where there is no GPU)
 ROUNDS = 10
 GPT2 = dict(n_layer=8, n_embd=512, n_head=8, vocab=8192, positions=512, batch=8, seq=512)
 GPT2_QUICK = dict(n_layer=2, n_embd=128, n_head=4, vocab=1000, positions=256, batch=4, seq=128)
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def mib(n) -> str:
-    return "–" if n is None else f"{n / MiB:.1f}"
-
-
-def ms(x) -> str:
-    return "–" if x is None else f"{x:.1f}"
-
-
-def pct(x) -> str:
-    return "–" if x is None else f"{x * 100:+.1f}%"
-
-
 def build(name: str, quick: bool):
     """The model on the GPU (train mode), its inputs and its loss; the same weights and inputs every call."""
     if name == "gpt2":
-        torch.manual_seed(0)
-        model, args, kwargs = zoo._BUILDERS["gpt2"](**(GPT2_QUICK if quick else GPT2))
+        model, args, kwargs = gpt2(GPT2_QUICK if quick else GPT2)
         kwargs = {k: v.to(DEVICE) for k, v in kwargs.items()}
         return model.to(DEVICE).train(), args, kwargs, lambda out: out
     ex = zoo.build("resnet18", size="tiny" if quick else "medium", seed=0, device=DEVICE)
     return ex.model, ex.args, ex.kwargs, ex.loss
-
-
-def sync() -> None:
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-
-
-def step_fn(runner, args, kwargs, loss):
-    def step():
-        loss(runner(*args, **kwargs)).backward()
-
-    return step
-
-
-def grads(model) -> list:
-    return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
-
-
-def seeded(model, step, seed: int = 0) -> list:
-    model.zero_grad(set_to_none=True)
-    torch.manual_seed(seed)
-    step()
-    sync()
-    return grads(model)
-
-
-def timed(model, step) -> float:
-    model.zero_grad(set_to_none=True)
-    sync()
-    t0 = time.perf_counter()
-    step()
-    sync()
-    return time.perf_counter() - t0
 
 
 def rel_diff(got: list, ref: list) -> float:
@@ -121,20 +73,11 @@ def rel_diff(got: list, ref: list) -> float:
     return worst
 
 
-def bitwise(got: list, ref: list) -> bool:
-    return all((a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
-               for a, b in zip(got, ref))
-
-
 def bench_model(name: str, quick: bool, rounds: int) -> dict:
     model, args, kwargs, loss = build(name, quick)
-    eager = step_fn(model, args, kwargs, loss)
-    ref_eager = seeded(model, eager)
-    t = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        store = remat.optimize(model, *args, solver="store_all", cache=False, **kwargs)
-    capture_s = time.perf_counter() - t
+    eager = make_step(model, args, kwargs, loss)
+    ref_eager = seeded_grads(model, eager, device=DEVICE)
+    store, capture_s = capture_store_all(model, args, kwargs, cache=False)
     graph = store.plan.graph
     log(f"{name}: {len(graph.nodes)} nodes, store_all {mib(store.plan.peak_bytes)} MiB, capture+profile {capture_s:.0f} s")
     hier_min = planner.smallest_plan(graph, "hierarchical").peak_bytes
@@ -149,25 +92,23 @@ def bench_model(name: str, quick: bool, rounds: int) -> dict:
     if hyb_min is not None:
         targets.append(("hybrid min", "hybrid", hyb_min))
     rows, steps = [], {}
-    ref = seeded(model, step_fn(store, args, kwargs, loss))
+    ref = seeded_grads(model, make_step(store, args, kwargs, loss), device=DEVICE)
     for label, solver, budget in targets:
         row = dict(label=label, solver=solver)
         try:
             if solver == "store_all":
                 mod = store
             else:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
+                with quiet():
                     mod = remat.optimize(model, *args, budget=budget, solver=solver, cache=False, **kwargs)
             p = mod.plan
             row.update(budget=p.budget_bytes, predicted=p.peak_bytes, predicted_overhead=p.step_overhead,
                        recomputations=p.recomputations, offloads=len(p.offloaded_values),
                        offload_peak=p.offload_peak_bytes, stall_ms=p.simulation.stall_seconds * 1e3)
-            step = step_fn(mod, args, kwargs, loss)
-            got = seeded(model, step)
-            row.update(bitwise=bitwise(got, ref), vs_eager=rel_diff(got, ref_eager))
-            model.zero_grad(set_to_none=True)
-            row["measured"] = int(peak_memory_growth(step, DEVICE)[0])
+            step = make_step(mod, args, kwargs, loss)
+            got = seeded_grads(model, step, device=DEVICE)
+            row.update(bitwise=bitwise_equal(got, ref), vs_eager=rel_diff(got, ref_eager))
+            row["measured"] = measured_peak(model, step, DEVICE)
             steps[label] = step
             log(f"  {label}: budget {mib(row['budget'])}, predicted {mib(row['predicted'])}, measured "
                 f"{mib(row['measured'])} MiB, bitwise {row['bitwise']}, vs eager {row['vs_eager']:.1e}")
@@ -177,27 +118,18 @@ def bench_model(name: str, quick: bool, rounds: int) -> dict:
             traceback.print_exc()
         rows.append(row)
     # timing: each round, eager and every plan back to back, order reversed every other round
-    for step in (eager, *steps.values()):
-        timed(model, step)
-    ratios = {k: [] for k in steps}
-    eager_t = []
-    for r in range(rounds):
-        for k, step in steps.items():
-            pair = (eager, step) if r % 2 == 0 else (step, eager)
-            ts = [timed(model, s) for s in pair]
-            te, tp = (ts[0], ts[1]) if r % 2 == 0 else (ts[1], ts[0])
-            eager_t.append(te)
-            ratios[k].append(tp / te)
+    eager_s, _, ratios = time_against((model, eager), {k: (model, s) for k, s in steps.items()}, rounds,
+                                      device=DEVICE, alternate=True)
     for row in rows:
         if row["label"] in ratios:
-            row["vs_eager_time"] = statistics.median(ratios[row["label"]])
+            row["vs_eager_time"] = ratios[row["label"]]
     base = next((r["vs_eager_time"] for r in rows if r["label"] == "store_all" and "vs_eager_time" in r), None)
     for row in rows:
         if base and "vs_eager_time" in row:
             row["measured_overhead"] = row["vs_eager_time"] / base - 1
     transfer = graph.meta.get("transfer") or {}
     return dict(name=name, nodes=len(graph.nodes), capture_s=capture_s, store=store.plan.peak_bytes,
-                fixed=fixed_bytes(graph), eager_ms=statistics.median(eager_t) * 1e3 if eager_t else None,
+                fixed=fixed_bytes(graph), eager_ms=eager_s * 1e3 if eager_s is not None else None,
                 transfer={k: v for k, v in transfer.items() if isinstance(v, (int, float, str, bool))}, rows=rows)
 
 
@@ -214,13 +146,12 @@ def report(results: list[dict], meta: dict) -> str:
     for r in results:
         out += [f"## {r['name']}", "",
                 f"{r['nodes']} nodes; store_all peak {mib(r['store'])} MiB, fixed (gradients and outputs every plan "
-                f"holds) {mib(r['fixed'])} MiB; eager step {ms(r['eager_ms'])} ms; capture and profiling "
+                f"holds) {mib(r['fixed'])} MiB; eager step {fmt(r['eager_ms'], '.1f')} ms; capture and profiling "
                 f"{r['capture_s']:.0f} s. Transfer costs: "
                 + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in r["transfer"].items()),
-                "", "| plan | budget MiB | predicted MiB | measured MiB | measured / predicted | ≤ budget | "
-                "recomputed | offloaded | bitwise = store_all | rel. diff vs eager | predicted overhead | "
-                "measured overhead | step / eager |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                "", *md_header(["plan", "budget MiB", "predicted MiB", "measured MiB", "measured / predicted",
+                                "≤ budget", "recomputed", "offloaded", "bitwise = store_all", "rel. diff vs eager",
+                                "predicted overhead", "measured overhead", "step / eager"])]
         for row in r["rows"]:
             if "error" in row:
                 out.append(f"| {row['label']} | {row['error']} |" + " |" * 11)
@@ -266,7 +197,7 @@ def main() -> None:
         results.append(bench_model(name, a.quick, rounds))
         meta["elapsed"] = time.perf_counter() - start
         if a.save:
-            Path(a.save).write_text(json.dumps(dict(meta=meta, results=results), indent=1))
+            write_json(a.save, dict(meta=meta, results=results))
     text = report(results, meta)
     print(text)
     if not a.quick and not a.save:

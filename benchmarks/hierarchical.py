@@ -37,36 +37,32 @@ allocator method; docs/design.md "The budget"), measured in a separate untimed r
 
 from __future__ import annotations
 
-import os
+import common  # this folder is on the path
 
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no compile worker pool: the machine is shared
+common.single_thread_env(compile_threads=True)  # before torch is imported
 
 import argparse  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-import types  # noqa: E402
-import warnings  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
 import remat  # noqa: E402
-import remat.planner  # noqa: E402
-import remat.solvers.rotor  # noqa: E402
-from remat import zoo  # noqa: E402
+import remat.solvers.planner  # noqa: E402
+from remat import models as zoo  # noqa: E402
 from remat.cost import workspace  # noqa: E402
 from remat.errors import InfeasibleBudgetError, SolverError  # noqa: E402
-from remat.measure import peak_memory_growth  # noqa: E402
-from remat.planner import make_plan  # noqa: E402
+from remat.solvers.planner import make_plan  # noqa: E402
 from remat.solvers import solve  # noqa: E402
-from provenance import git_revision  # noqa: E402  (this folder is on the path)
+from common import (  # noqa: E402
+    GPT2_8LAYER, compiled_step, cpu_name, git_revision, gpt2, grad_bytes, log, make_step, md_header, measured_peak,
+    mib, pct, process_setup, publish, quiet, time_against)
 
-MiB = 2**20
 BIG = dict(n_layer=12, n_embd=768, n_head=12, vocab=50257, positions=1024, batch=4, seq=512)
-SMALL = dict(n_layer=8, n_embd=256, n_head=4, vocab=2000, positions=256, batch=4, seq=256)
+SMALL = GPT2_8LAYER
 # 10 budgets from 100% down past the smallest feasible one (about 26% on the 12-layer model)
 BIG_FRACTIONS = (1.0, 0.8, 0.6, 0.5, 0.4, 0.35, 0.3, 0.27, 0.25, 0.2)
 SMALL_FRACTIONS = (1.0, 0.8, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25, 0.2, 0.15)
@@ -80,87 +76,20 @@ QUICK_BIG = dict(n_layer=4, n_embd=64, n_head=2, vocab=500, positions=128, batch
 QUICK_SMALL = dict(n_layer=2, n_embd=128, n_head=4, vocab=1000, positions=128, batch=4, seq=128)
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def mib(n: float) -> str:
-    return f"{n / MiB:.1f}"
-
-
 def threads() -> str:
     n = torch.get_num_threads()
     return f"{n} thread{'' if n == 1 else 's'}"
 
 
-def pct(x: float | None) -> str:
-    return "–" if x is None else f"{x * 100:+.1f}%"
-
-
 # ---------------------------------------------------------------------------------------------
-# Models, caches, steps
-
-
-def build(cfg: dict):
-    """A GPT-2 LM (returns the loss) and its inputs; the same weights and inputs for a seed."""
-    torch.manual_seed(0)
-    model, args, kwargs = zoo._BUILDERS["gpt2"](**cfg)
-    return model.train(), args, kwargs
-
-
-def grad_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the parameter gradients one step produces: a floor every method pays."""
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+# Caches and measured methods
 
 
 def clear_caches() -> None:
-    """Plans, decompositions/menus/DP tables, op workspaces and Dynamo's compiled code."""
-    remat.planner.clear_caches()
-    remat.solvers.rotor._CACHE.clear()
+    """Plans, decompositions/menus/DP tables (the graphs' memos), op workspaces and Dynamo's compiled code."""
+    remat.solvers.planner.clear_caches()
     workspace._CACHE.clear()
     torch._dynamo.reset()
-
-
-def make_step(fn, args, kwargs):
-    def step():
-        fn(*args, **kwargs).backward()
-
-    return step
-
-
-def timed(model, step) -> float:
-    model.zero_grad(set_to_none=True)
-    t0 = time.perf_counter()
-    step()
-    return time.perf_counter() - t0
-
-
-def measured_peak(model, step) -> int:
-    model.zero_grad(set_to_none=True)
-    return peak_memory_growth(step)[0]
-
-
-def interleaved(base: tuple, variants: dict[str, tuple], rounds: int) -> tuple[float, dict[str, float], dict[str, float]]:
-    """``base`` and each variant are ``(model, step)``. Each round runs, for every variant, the
-    base step then the variant step (grads set to None before each, untimed).
-
-    Returns the base's median step time and, per variant, the median step time and the
-    median of the per-round (variant / base) ratios.
-    """
-    for model, step in (base, *variants.values()):  # warm up
-        timed(model, step)
-    base_t: list[float] = []
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    ratios: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(rounds):
-        for label, variant in variants.items():
-            b = timed(*base)
-            t = timed(*variant)
-            base_t.append(b)
-            times[label].append(t)
-            ratios[label].append(t / b)
-    return (statistics.median(base_t), {k: statistics.median(v) for k, v in times.items()},
-            {k: statistics.median(v) for k, v in ratios.items()})
 
 
 @dataclass
@@ -203,7 +132,7 @@ def smallest_feasible(graph, solver: str) -> int:
 
 
 def planning(cfg: dict, fractions) -> dict:
-    model, args, kwargs = build(cfg)
+    model, args, kwargs = gpt2(cfg)
     clear_caches()
     log("section 1: one hierarchical plan at 50% (cold caches, capture included)")
     t0 = time.perf_counter()
@@ -251,7 +180,7 @@ def planning(cfg: dict, fractions) -> dict:
 
 def remat_method(cfg: dict, fractions, matched: dict[str, int], rounds: int, cost_model: str) -> tuple[Method, dict]:
     """Hierarchical plans at ``fractions``, the smallest feasible budget and ``matched`` budgets."""
-    model, args, kwargs = build(cfg)
+    model, args, kwargs = gpt2(cfg)
     clear_caches()
     store_mod = remat.optimize(model, *args, solver="store_all", cost_model=cost_model, **kwargs)
     store = store_mod.plan.peak_bytes
@@ -268,14 +197,13 @@ def remat_method(cfg: dict, fractions, matched: dict[str, int], rounds: int, cos
             budgets[label] = b
     modules = {}
     for label, b in sorted(budgets.items(), key=lambda kv: -kv[1]):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with quiet():
             modules[label] = remat.optimize(model, *args, budget=b, solver="hierarchical", cost_model=cost_model, **kwargs)
         log(f"  remat {label}: predicted {mib(modules[label].plan.peak_bytes)} MiB, {pct(modules[label].plan.overhead)}")
     steps = {label: make_step(m, args, kwargs) for label, m in modules.items()}
     base_step = make_step(store_mod, args, kwargs)
     log(f"  timing {len(steps)} plans against store_all, {rounds} rounds")
-    base_s, secs, ratios = interleaved((model, base_step), {k: (model, s) for k, s in steps.items()}, rounds)
+    base_s, secs, ratios = time_against((model, base_step), {k: (model, s) for k, s in steps.items()}, rounds)
     points = [Point(label, measured_peak(model, steps[label]), ratios[label] - 1, secs[label],
                     m.plan.peak_bytes, m.plan.overhead, budgets[label]) for label, m in modules.items()]
     method = Method(f"hierarchical (remat, {cost_model})", f"remat {cost_model}", "store_all",
@@ -289,52 +217,35 @@ def remat_method(cfg: dict, fractions, matched: dict[str, int], rounds: int, cos
 def checkpoint_method(cfg: dict, rounds: int) -> Method:
     """Plain eager, and torch.utils.checkpoint around every block / every other block."""
     variants = {"every block": 1, "every 2nd block": 2}
-    base_model, args, kwargs = build(cfg)
+    base_model, args, kwargs = gpt2(cfg)
     runs = {}
     for label, n in variants.items():
-        m, _, _ = build(cfg)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        m, _, _ = gpt2(cfg)
+        with quiet():
             m.model.activation_checkpointing_enable(  # the GPT2LMHeadModel inside zoo's LossOnly
                 activation_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=n)
         runs[label] = (m, make_step(m, args, kwargs))
     base = (base_model, make_step(base_model, args, kwargs))
     log(f"  timing checkpointing against eager, {rounds} rounds")
-    base_s, secs, ratios = interleaved(base, runs, rounds)
+    base_s, secs, ratios = time_against(base, runs, rounds)
     points = [Point(label, measured_peak(*runs[label]), ratios[label] - 1, secs[label]) for label in variants]
     return Method("uniform checkpointing", "ckpt", "eager", measured_peak(*base), base_s, points)
 
 
-def _entry_point(model, tag: str):
-    """A function calling ``model`` with a code object of its own, so Dynamo keeps one compiled
-    graph per budget side by side (its cache lives on the code object; see remat.api)."""
-
-    def compiled_step(*args, **kwargs):
-        return model(*args, **kwargs)
-
-    code = compiled_step.__code__.replace(co_name=f"compiled_step_{tag}")
-    return types.FunctionType(code, compiled_step.__globals__, code.co_name, None, compiled_step.__closure__)
-
-
 def compile_method(cfg: dict, backend: str, budgets, rounds: int) -> Method:
     """torch.compile(backend) with activation_memory_budget at each of ``budgets`` (the first is the baseline)."""
-    model, args, kwargs = build(cfg)
+    model, args, kwargs = gpt2(cfg)
     torch._dynamo.reset()
     steps = {}
     for b in budgets:
-        fn = torch.compile(_entry_point(model, f"{backend}_{int(b * 100)}"), backend=backend, fullgraph=True)
-        step = make_step(fn, args, kwargs)
-        t0 = time.perf_counter()
-        with torch._functorch.config.patch(activation_memory_budget=b), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            timed(model, step)  # compiles forward and backward with this budget
-        log(f"  {backend} budget {b}: compiled in {time.perf_counter() - t0:.1f} s")
+        step, seconds = compiled_step(model, args, kwargs, f"{backend}_{int(b * 100)}", b, backend)
+        log(f"  {backend} budget {b}: compiled in {seconds:.1f} s")
         steps[f"budget {b}"] = step
     base_label = f"budget {budgets[0]}"
     base_step = steps.pop(base_label)
     log(f"  timing {backend} against its {base_label}, {rounds} rounds")
     with torch._dynamo.config.patch(error_on_recompile=True):  # every step must run what was compiled above
-        base_s, secs, ratios = interleaved((model, base_step), {k: (model, s) for k, s in steps.items()}, rounds)
+        base_s, secs, ratios = time_against((model, base_step), {k: (model, s) for k, s in steps.items()}, rounds)
         points = [Point(k, measured_peak(model, s), ratios[k] - 1, secs[k]) for k, s in steps.items()]
         base_peak = measured_peak(model, base_step)
     torch._dynamo.reset()
@@ -384,8 +295,9 @@ def planning_md(r: dict) -> list[str]:
         "The last two columns: hierarchical planned with `cost_model=\"profile\"` (every distinct op timed on this "
         "machine), untimed, as a cross-check of the `flops` cost model. The last row is hierarchical's smallest feasible budget.",
         "",
-        "| budget | budget MiB | hierarchical peak | hierarchical overhead | rotor peak | rotor overhead | chen_sqrt peak | chen_sqrt overhead | hierarchical (profile) peak | hierarchical (profile) overhead |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        *md_header(["budget", "budget MiB", "hierarchical peak", "hierarchical overhead", "rotor peak",
+                    "rotor overhead", "chen_sqrt peak", "chen_sqrt overhead", "hierarchical (profile) peak",
+                    "hierarchical (profile) overhead"]),
     ]
     for row in r["rows"]:
         cells = []
@@ -442,8 +354,8 @@ def measured_md(runs: list[tuple[Method, dict]], cfg: dict, rounds: int, dropout
         lines += [
             f"**cost model `{info['cost_model']}`**",
             "",
-            "| budget | budget MiB | predicted peak MiB | measured peak MiB | measured/predicted | predicted overhead | measured overhead | step ms |",
-            "|---|---|---|---|---|---|---|---|",
+            *md_header(["budget", "budget MiB", "predicted peak MiB", "measured peak MiB", "measured/predicted",
+                        "predicted overhead", "measured overhead", "step ms"]),
         ]
         for p in method.points:
             lines.append(
@@ -479,8 +391,7 @@ def methods_md(methods: list[Method], grads: int, rounds: int) -> list[str]:
         "**Reduction** = baseline's measured value ÷ the method's, at the point with the smallest measured peak "
         "whose measured overhead is within the limit. The dropout note below explains why the baselines differ.",
         "",
-        "| method | point | measured peak MiB | activations MiB | measured overhead | step ms |",
-        "|---|---|---|---|---|---|",
+        *md_header(["method", "point", "measured peak MiB", "activations MiB", "measured overhead", "step ms"]),
     ]
     for m in methods:
         lines.append(f"| {m.name} | {m.baseline_label} (baseline) | {mib(m.baseline_peak)} | "
@@ -489,8 +400,8 @@ def methods_md(methods: list[Method], grads: int, rounds: int) -> list[str]:
             lines.append(f"| | {p.label} | {mib(p.peak)} | {mib(p.peak - grads)} | {pct(p.overhead)} | {p.seconds * 1e3:.0f} |")
     for limit in OVERHEAD_LIMITS:
         lines += ["", f"**≤ {limit:.0%} measured overhead**", "",
-                  "| method | baseline peak MiB | point | peak MiB | overhead | reduction (peak) | reduction (activations) |",
-                  "|---|---|---|---|---|---|---|"]
+                  *md_header(["method", "baseline peak MiB", "point", "peak MiB", "overhead", "reduction (peak)",
+                              "reduction (activations)"])]
         for m in methods:
             p = best_within(m, limit)
             lines.append(
@@ -508,8 +419,8 @@ def matched_md(remat_m: Method, others: list[Method], skipped: dict[str, str]) -
         "same run. Overheads are each against its own baseline; step times are absolute (the baselines differ in "
         "speed).",
         "",
-        "| other method, point | its peak MiB | its overhead | its step ms | remat peak MiB | remat overhead | remat step ms |",
-        "|---|---|---|---|---|---|---|",
+        *md_header(["other method, point", "its peak MiB", "its overhead", "its step ms", "remat peak MiB",
+                    "remat overhead", "remat step ms"]),
     ]
     by_label = {p.label: p for p in remat_m.points}
     for m in others:
@@ -592,7 +503,7 @@ def header_md(argv: list[str], revision: str) -> list[str]:
     return [
         "# Hierarchical (Rockmate) planning on GPT-2",
         "",
-        f"Made by `benchmarks/hierarchical.py` on {platform.processor() or platform.machine()}, "
+        f"Made by `benchmarks/hierarchical.py` on {cpu_name()}, "
         f"{threads()}, torch {torch.__version__}, Python {sys.version.split()[0]}, "
         f"transformers {zoo._transformers().__version__}. Peak: growth of memory held by torch's CPU allocator "
         "during one forward+backward, `.grad` None beforehand (`remat.measure.peak_memory_growth`). "
@@ -622,9 +533,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--backends", nargs="+", default=list(COMPILE_BACKENDS))
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore", category=FutureWarning)
+    process_setup(threads=args.threads, quiet_future=True)
     big, small = (QUICK_BIG, QUICK_SMALL) if args.quick else (BIG, SMALL)
     rounds = 2 if args.quick else args.rounds
     start, revision = time.perf_counter(), git_revision()
@@ -648,12 +557,7 @@ def main() -> None:
     lines += methods_md([*remats, *others], grads, rounds) + matched_md(remats[0], others, runs[0][1]["skipped"])
     lines += verdict_md(remats, others, grads, plan_r) + [NOTES, HOW_TO_RUN]
     lines.append(f"Total run time: {(time.perf_counter() - start) / 60:.1f} min.")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.quick:
-        out = Path(__file__).with_suffix(".md")
-        out.write_text(text)
-        log(f"wrote {out}")
+    publish("\n".join(lines) + "\n", None if args.quick else Path(__file__).with_suffix(".md"))
 
 
 if __name__ == "__main__":

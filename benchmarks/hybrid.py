@@ -10,7 +10,7 @@ For each model (the zoo's ``gpt2`` and one CNN, size ``small``), in one run:
    recomputation only -- ``hierarchical``, and ``checkmate`` (the MILP; coarsened to module level
    on graphs this large and stopped at ``CHECKMATE_LIMIT`` seconds: its status is reported) --
    and with ``hybrid`` (recomputation + offloading), each as
-   ``remat.planner.smallest_plan(graph, solver)`` (the solver's plan at budget 0, its plan of
+   ``remat.solvers.planner.smallest_plan(graph, solver)`` (the solver's plan at budget 0, its plan of
    smallest peak). The ratio hybrid / hierarchical is held against the issue's target (<= 0.5x),
    beside two lower bounds no schedule can go under: the largest working set of a single op
    (its inputs, outputs and workspace), which neither recomputation nor offloading can split, and
@@ -40,51 +40,37 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+import common  # this folder is on the path
+
+common.single_thread_env(omp=True)  # before torch is imported
+common.use_checkout_src()
 
 import argparse  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-import warnings  # noqa: E402
+from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "src"))
-
-import torch  # noqa: E402
-
 import remat  # noqa: E402
-import remat.planner as planner  # noqa: E402
-from remat import zoo  # noqa: E402
+import remat.solvers.planner as planner  # noqa: E402
+from remat import models as zoo  # noqa: E402
 from remat.budget import fixed_bytes  # noqa: E402
 from remat.errors import InfeasibleBudgetError, RematError  # noqa: E402
-from remat.measure import peak_memory_growth  # noqa: E402
-from provenance import git_revision, machine_facts  # noqa: E402  (this folder is on the path)
+from common import (  # noqa: E402
+    GPT2_8LAYER, HERE, MiB, best_try, bitwise_equal, capture_store_all, git_revision, gpt2, log, machine_facts,
+    made_by, make_step, md_header, measured_peak, pct, process_setup, publish, quiet, seeded_grads,
+    shared_machine_note, time_against, timed_step, zoo_batch_factories)
 
-MiB = 2**20
+mib = partial(common.mib, digits=2)
 CNN = "resnet18"
 MODELS = ("gpt2", CNN)
-DEEP = "gpt2 8-layer"  # benchmarks/hierarchical.py's SMALL GPT-2: section 1 only (planned, not run)
+DEEP = "gpt2 8-layer"  # GPT2_8LAYER, benchmarks/hierarchical.py's SMALL GPT-2: section 1 only (planned, not run)
 START = {"gpt2": 4, CNN: 16, "gpt2-tiny": 1}  # first batch size of the max-batch search
 CHECKMATE_LIMIT = 60.0
 ROUNDS = 7
 CAP = {"gpt2": "48MiB", CNN: "32MiB"}  # per model: each search stays within ~2 minutes
 BATCH_SOLVERS = ("checkpoint_all", "hierarchical", "hybrid")
 MAX_BATCH = 1024
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def mib(n) -> str:
-    return "–" if n is None else f"{n / MiB:.2f}"
-
-
-def pct(x) -> str:
-    return "–" if x is None else f"{x * 100:+.1f}%"
 
 
 def op_floor(graph) -> tuple[int, str]:
@@ -123,23 +109,6 @@ def minimums(graph) -> dict:
 # 2. executed plans
 
 
-def grads_of(model) -> list:
-    return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
-
-
-def run_step(model, runner, ex, seed: int = 0) -> None:
-    model.zero_grad(set_to_none=True)
-    torch.manual_seed(seed)
-    ex.loss(runner(*ex.args, **ex.kwargs)).backward()
-
-
-def timed(model, runner, ex) -> float:
-    model.zero_grad(set_to_none=True)
-    t = time.perf_counter()
-    ex.loss(runner(*ex.args, **ex.kwargs)).backward()
-    return time.perf_counter() - t
-
-
 def executed(name: str, size: str, mins: dict, store_mod, model, ex, rounds: int) -> dict:
     graph = store_mod.plan.graph
     store, fixed = store_mod.plan.peak_bytes, fixed_bytes(graph)
@@ -160,8 +129,7 @@ def executed(name: str, size: str, mins: dict, store_mod, model, ex, rounds: int
         for solver in ("hierarchical", "hybrid"):
             row = dict(label=label, budget=b, solver=solver)
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
+                with quiet():
                     mod = remat.optimize(model, *ex.args, budget=b, solver=solver, cache=False, **ex.kwargs)
             except InfeasibleBudgetError as err:
                 row["why"] = f"infeasible (smallest {mib(err.min_budget_bytes)} MiB)"
@@ -177,41 +145,28 @@ def executed(name: str, size: str, mins: dict, store_mod, model, ex, rounds: int
             log(f"  {label} {solver}: predicted {mib(p.peak_bytes)} MiB, {pct(p.step_overhead)}, "
                 f"{row['offloads']} offloaded, {row['recomputations']} recomputations")
     # gradients and measured peaks (untimed runs)
-    run_step(model, store_mod, ex)
-    ref = grads_of(model)
-    model.zero_grad(set_to_none=True)
-    store_peak = peak_memory_growth(lambda: ex.loss(store_mod(*ex.args, **ex.kwargs)).backward())[0]
+    base = make_step(store_mod, ex.args, ex.kwargs, ex.loss)
+    steps = {k: make_step(mod, ex.args, ex.kwargs, ex.loss) for k, mod in runners.items()}
+    ref = seeded_grads(model, base)
+    store_peak = measured_peak(model, base)
     for row in rows:
-        mod = runners.get((row["label"], row["solver"]))
-        if mod is None:
+        step = steps.get((row["label"], row["solver"]))
+        if step is None:
             continue
-        run_step(model, mod, ex)
-        got = grads_of(model)
-        row["bitwise"] = all((a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
-                             for a, b in zip(ref, got))
-        model.zero_grad(set_to_none=True)
-        row["measured_peak"] = peak_memory_growth(lambda m=mod: ex.loss(m(*ex.args, **ex.kwargs)).backward())[0]
-    # timing: per round, store_all then each plan, alternately
-    keys = list(runners)
-    for k in keys:
-        timed(model, runners[k], ex)
-    timed(model, store_mod, ex)
-    base_t, ratios, times = [], {k: [] for k in keys}, {k: [] for k in keys}
-    log(f"  timing {len(keys)} plans against store_all, {rounds} rounds")
-    for _ in range(rounds):
-        for k in keys:
-            b = timed(model, store_mod, ex)
-            t = timed(model, runners[k], ex)
-            base_t.append(b)
-            times[k].append(t)
-            ratios[k].append(t / b)
+        row["bitwise"] = bitwise_equal(seeded_grads(model, step), ref)
+        row["measured_peak"] = measured_peak(model, step)
+    # timing: per round, store_all then each plan, alternately (warm-up: the plans, then store_all)
+    for step in (*steps.values(), base):
+        timed_step(model, step)
+    log(f"  timing {len(steps)} plans against store_all, {rounds} rounds")
+    base_s, times, ratios = time_against((model, base), {k: (model, s) for k, s in steps.items()}, rounds, warmup=0)
     for row in rows:
         k = (row["label"], row["solver"])
         if k in runners:
-            row["measured_overhead"] = statistics.median(ratios[k]) - 1
-            row["step_ms"] = statistics.median(times[k]) * 1e3
+            row["measured_overhead"] = ratios[k] - 1
+            row["step_ms"] = times[k] * 1e3
     return dict(rows=rows, store=store, fixed=fixed, store_measured=store_peak,
-                base_ms=statistics.median(base_t) * 1e3 if base_t else None, b60=b60)
+                base_ms=base_s * 1e3 if base_s is not None else None, b60=b60)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,30 +174,18 @@ def executed(name: str, size: str, mins: dict, store_mod, model, ex, rounds: int
 
 
 def batch_searches(name: str, size: str, cap: str, start: int) -> list[dict]:
-    def make_model():
-        return zoo.build(name, size=size).model
-
-    def make_batch(n):
-        ex = zoo.build(name, size=size, batch=n)
-        return ex.args, ex.kwargs
-
+    make_model, make_batch = zoo_batch_factories(name, size)
     out = []
     for i, solver in enumerate(BATCH_SOLVERS):
         t = time.perf_counter()
         log(f"  max batch {name} {solver}{' and plain' if i == 0 else ''}")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with quiet():
             result = remat.max_batch_size(
                 make_model, make_batch, cap, solver=solver, start=start, max_batch=MAX_BATCH,
                 compare_plain=(i == 0), cache=False,
                 on_try=lambda r: log(f"    {r.method} {r.batch}: {'fits' if r.fits else 'no'} {r.reason}"))
         out.append(dict(solver=solver, result=result, seconds=time.perf_counter() - t))
     return out
-
-
-def best_try(result, method):
-    size = result.batch_size if method == "remat" else result.plain_batch_size
-    return next((t for t in result.tries if t.method == method and t.batch == size and t.fits), None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,18 +195,14 @@ def best_try(result, method):
 def captured(label: str, model, args: tuple, kwargs: dict):
     """``(store_all module, capture seconds)``: ``model`` captured with the store-everything plan."""
     log(f"{label}: capture, store_all")
-    t = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        store_mod = remat.optimize(model, *args, solver="store_all", cache=False, **kwargs)
-    capture_s = time.perf_counter() - t
+    store_mod, capture_s = capture_store_all(model, args, kwargs, cache=False)
     graph = store_mod.plan.graph
     log(f"  {len(graph.nodes)} nodes, store_all {mib(store_mod.plan.peak_bytes)} MiB, capture {capture_s:.1f} s")
     return store_mod, capture_s
 
 
 def model_run(name: str, size: str, rounds: int, cap: str, start: int) -> dict:
-    torch.manual_seed(0)
+    process_setup(seed=0)
     ex = zoo.build(name, size=size)
     model = ex.model.train()
     store_mod, capture_s = captured(f"{name} ({size})", model, ex.args, ex.kwargs)
@@ -277,9 +216,7 @@ def model_run(name: str, size: str, rounds: int, cap: str, start: int) -> dict:
 
 def deep_run() -> dict:
     """Section 1 (smallest budgets) on the 8-layer GPT-2 of ``benchmarks/hierarchical.py``."""
-    import hierarchical  # this folder is on the path
-
-    model, args, kwargs = hierarchical.build(hierarchical.SMALL)
+    model, args, kwargs = gpt2(GPT2_8LAYER)
     store_mod, capture_s = captured(DEEP, model, args, kwargs)
     graph = store_mod.plan.graph
     return dict(name=DEEP, graph=graph, capture_s=capture_s, mins=minimums(graph), floor=op_floor(graph),
@@ -290,7 +227,7 @@ def section1_md(runs: list[dict]) -> list[str]:
     lines = [
         "## 1. Smallest feasible budget",
         "",
-        "`remat.planner.smallest_plan(graph, solver)` on the captured graph (the solver's plan at budget 0). "
+        "`remat.solvers.planner.smallest_plan(graph, solver)` on the captured graph (the solver's plan at budget 0). "
         f"`checkmate` is coarsened automatically on graphs this large and stopped at {CHECKMATE_LIMIT:.0f} s. "
         "Bytes are the predicted peak growth of one step (what the budget bounds); `fixed` = the gradients and "
         "outputs every plan holds (the parameter gradients, all on the device when the step ends); *op floor* = "
@@ -299,8 +236,10 @@ def section1_md(runs: list[dict]) -> list[str]:
         f"hierarchical's minimum. `{DEEP}` is the GPT-2 of `benchmarks/hierarchical.py` (8 layers, d_model 256, "
         "sequence 256, batch 4, vocab 2000), planned only.",
         "",
-        "| model | nodes | store_all MiB | fixed MiB | op floor MiB (op) | hierarchical min MiB (overhead) | checkmate min MiB (status) | hybrid min MiB (step overhead, offloaded) | hybrid / hierarchical | target ≤ 0.5× | bound / hierarchical |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *md_header(["model", "nodes", "store_all MiB", "fixed MiB", "op floor MiB (op)",
+                    "hierarchical min MiB (overhead)", "checkmate min MiB (status)",
+                    "hybrid min MiB (step overhead, offloaded)", "hybrid / hierarchical", "target ≤ 0.5×",
+                    "bound / hierarchical"]),
     ]
     for r in runs:
         m = r["mins"]
@@ -351,8 +290,10 @@ def section2_md(runs: list[dict], rounds: int) -> list[str]:
             f"**{r['name']}**: store_all predicted {mib(r['store'])} MiB, measured {mib(r['store_measured'])} MiB, "
             f"{r['base_ms']:.1f} ms/step (median); the fraction 0.6 is {mib(r['b60'])} MiB (0.8 replaces it when 0.6 is not above hierarchical's minimum).",
             "",
-            "| budget | budget MiB | solver | predicted peak MiB | measured peak MiB | measured/predicted | predicted compute overhead | predicted step overhead | measured overhead | step ms | offloaded values (tier peak MiB) | recomputations | bitwise |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            *md_header(["budget", "budget MiB", "solver", "predicted peak MiB", "measured peak MiB",
+                        "measured/predicted", "predicted compute overhead", "predicted step overhead",
+                        "measured overhead", "step ms", "offloaded values (tier peak MiB)", "recomputations",
+                        "bitwise"]),
         ]
         for row in r["rows"]:
             if "plan" not in row:
@@ -380,8 +321,8 @@ def section3_md(runs: list[dict]) -> list[str]:
         "bisection; every candidate measured. Plain PyTorch: the eager model, searched once (with the first "
         "solver). Libra's figure: 3.12× PyTorch's batch; the issue aims at ≥ 4×.",
         "",
-        "| model | method | largest batch | measured MiB | ratio to plain PyTorch | tries | search time (incl. plain for the first row) |",
-        "|---|---|---|---|---|---|---|",
+        *md_header(["model", "method", "largest batch", "measured MiB", "ratio to plain PyTorch", "tries",
+                    "search time (incl. plain for the first row)"]),
     ]
     for r in runs:
         plain = r["batches"][0]["result"]
@@ -502,13 +443,11 @@ def main() -> None:
     lines = [
         "# Recomputation vs the hybrid planner (recomputation + offloading), CPU",
         "",
-        f"Made by `benchmarks/hybrid.py` (remat at commit {git_revision()}, {started}) on {machine_facts()}. "
+        made_by("hybrid.py", git_revision(), started, machine_facts()) + ". "
         f"Models: zoo `gpt2` and `{CNN}`, size `{size}` (`{CNN}` as the CNN: capture and every planner finish in "
         "seconds on it (as on `vgg11` and `unet`), and it is the zoo's standard CNN). "
-        f"The machine was **shared with other jobs** while this ran (load average {load_before[0]:.1f} before, "
-        f"{load_after[0]:.1f} after, on {os.cpu_count()} cores): absolute times are inflated and noisy; "
-        "overheads are ratios of steps run alternately. Total run time "
-        f"{total_min:.1f} min.",
+        + shared_machine_note(load_before[0], load_after[0])
+        + f"overheads are ratios of steps run alternately. Total run time {total_min:.1f} min.",
         "",
         *section1_md(runs + deep), *section2_md(runs, rounds), *section3_md(runs), *verdict_md(runs, deep),
         "## 4. Greedy vs the swap MILP",
@@ -517,11 +456,7 @@ def main() -> None:
         "[swap_milp.md](swap_milp.md).",
         "",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.quick:
-        (HERE / "hybrid.md").write_text(text)
-        log(f"wrote {HERE / 'hybrid.md'}")
+    publish("\n".join(lines) + "\n", None if args.quick else HERE / "hybrid.md")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ names another file; ``--quick`` is a smoke test on tiny models that writes nothi
 
 Models: the 8-layer GPT-2 of ``benchmarks/hierarchical.py`` (its ``SMALL`` config: d_model 256,
 4 heads, sequence 256, batch 4, vocab 2000, dropout 0.1) and, as the CNN (``hierarchical.py`` has
-none), ``remat.zoo``'s ``resnet18`` at size ``small`` (batch 128, 64x64 images, width 16) with a
+none), ``remat.models``'s ``resnet18`` at size ``small`` (batch 128, 64x64 images, width 16) with a
 cross-entropy loss. Both are called with positional inputs and return the scalar loss.
 
 Methods, per model, every one measured in the same process and timed in the same rounds:
@@ -41,18 +41,18 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported (by hierarchical, too)
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no compile worker pool: the machine is shared
+import common  # this folder is on the path
+
+common.single_thread_env(omp=True, compile_threads=True)  # before torch is imported
 
 import argparse  # noqa: E402
-import ctypes  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-import warnings  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
+from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Callable  # noqa: E402
 
@@ -61,13 +61,12 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 import remat  # noqa: E402
-from remat import zoo  # noqa: E402
+from remat import models as zoo  # noqa: E402
 from remat.errors import InfeasibleBudgetError  # noqa: E402
-from remat.measure import peak_memory_growth  # noqa: E402
-
-import hierarchical  # noqa: E402  (this folder is on the path)
-from hierarchical import SMALL as GPT2_SMALL, grad_bytes, log, mib  # noqa: E402
-from provenance import git_revision, machine_facts  # noqa: E402
+from common import GPT2_8LAYER as GPT2_SMALL  # noqa: E402
+from common import (  # noqa: E402
+    alternating_rounds, compiled_step, git_revision, gpt2, grad_bytes, keep_freed_cpu_memory, log, machine_facts,
+    make_step, md_header, measured_peak, median, mib, process_setup, publish, quiet, timed_step, write_json)
 
 INDUCTOR_BUDGETS = (1.0, 0.8, 0.6, 0.4, 0.2, 0.0)
 REMAT_FRACTIONS = (1.0, 0.6, 0.5, 0.4, 0.35, "min")  # --fractions for others (each is another compile)
@@ -76,7 +75,6 @@ OVERHEAD_LIMIT = 0.10  # "at <= 10% step time over Inductor's default"
 CLOSE_CALL = 0.02  # matched points whose step ratios differ by less are also timed head to head
 HEAD_TO_HEAD_ROUNDS = 21
 TIGHTEST = 2  # Inductor's tightest points: its non-default points with the smallest measured peaks
-M_MMAP_THRESHOLD, M_TRIM_THRESHOLD = -3, -1  # glibc mallopt parameters (<malloc.h>)
 
 GPT2_QUICK = dict(n_layer=2, n_embd=64, n_head=2, vocab=300, positions=64, batch=2, seq=64)
 QUICK_INDUCTOR_BUDGETS = (1.0,)  # --quick: also no compiled checkpointing and no fractions
@@ -131,7 +129,7 @@ def build(name: str, quick: bool, device: str) -> tuple[nn.Module, tuple, str]:
     weights and inputs on every call."""
     if name == "gpt2":
         cfg = GPT2_QUICK if quick else GPT2_SMALL
-        lm, _, kwargs = hierarchical.build(cfg)
+        lm, _, kwargs = gpt2(cfg)
         model, args = LMLoss(lm), (kwargs["input_ids"], kwargs["labels"])
         desc = (f"GPT-2 (`transformers`, eager attention, dropout 0.1): {cfg['n_layer']} layers, d_model {cfg['n_embd']}, "
                 f"{cfg['n_head']} heads, sequence {cfg['seq']}, batch {cfg['batch']}, vocab {cfg['vocab']}")
@@ -142,7 +140,7 @@ def build(name: str, quick: bool, device: str) -> tuple[nn.Module, tuple, str]:
         y = torch.randint(0, 10, (x.shape[0],), generator=torch.Generator().manual_seed(0))
         model, args = ClassifierLoss(ex.model), (x, y)
         cfg = zoo._CONFIGS["resnet18"][size]
-        desc = (f"ResNet-18 (`remat.zoo` `resnet18`, size {size}: BasicBlocks (2, 2, 2, 2), width {cfg['width']}, "
+        desc = (f"ResNet-18 (`remat.models` `resnet18`, size {size}: BasicBlocks (2, 2, 2, 2), width {cfg['width']}, "
                 f"BatchNorm), batch {cfg['batch']}, {cfg['image']}×{cfg['image']} images, cross-entropy over 10 classes")
     return model.to(device).train(), tuple(a.to(device) for a in args), desc
 
@@ -182,78 +180,25 @@ class Point:
 
     @property
     def seconds(self) -> float | None:
-        return statistics.median(self.times) if self.times else None
+        return median(self.times)
 
     @property
     def r_eager(self) -> float | None:
-        return statistics.median(self.vs_eager) if self.vs_eager else None
+        return median(self.vs_eager)
 
     @property
     def r_inductor(self) -> float | None:
-        return statistics.median(self.vs_inductor) if self.vs_inductor else None
+        return median(self.vs_inductor)
 
-
-def keep_freed_cpu_memory() -> str:
-    """Have glibc's malloc keep the memory a step frees, as CUDA's caching allocator does; returns
-    what the report says about it.
-
-    By default glibc returns large freed blocks to the OS (``munmap``, or trimming the heap's top),
-    and the next allocation of that size page-faults them in again: time that depends on the
-    allocation pattern, not on the computation. remat's compiled graphs allocate every buffer anew
-    (``allow_buffer_reuse=False``), so they paid most of it, with most of the run-to-run spread
-    (8-layer GPT-2 at a matched 147 MiB, 5 rounds in each of two processes: remat 654-666 ms a step
-    with glibc's defaults, 650-653 ms with trimming off; Inductor's default 660-680 and 656-674 ms).
-    Peaks are unaffected: they count torch's allocations, not resident memory."""
-    try:
-        libc = ctypes.CDLL(None)
-        libc.gnu_get_libc_version  # noqa: B018  (glibc only)
-    except (OSError, AttributeError):
-        return "C library not glibc: its allocator's defaults"
-    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    mmap_ok = libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)  # blocks below 32 MiB (glibc's maximum) from the heap
-    trim_ok = libc.mallopt(M_TRIM_THRESHOLD, (1 << 31) - 1)  # and the heap never trimmed
-    if mmap_ok != 1 or trim_ok != 1:
-        return "glibc's defaults (mallopt refused)"
-    return ("glibc's malloc keeps freed memory in the process (`M_MMAP_THRESHOLD` 32 MiB, no trimming), as CUDA's "
-            "caching allocator does, for every method alike; `--system-malloc` keeps glibc's defaults")
-
-
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def run_step(p: Point, device: str) -> float:
-    p.model.zero_grad(set_to_none=True)
-    sync(device)
-    t0 = time.perf_counter()
-    p.step()
-    sync(device)
-    return time.perf_counter() - t0
-
-
-def measure_peak(p: Point, device: str) -> int:
-    p.model.zero_grad(set_to_none=True)
-    return int(peak_memory_growth(p.step, device)[0])
-
-
-def make_step(fn, args) -> Callable[[], None]:
-    def step():
-        fn(*args).backward()
-
-    return step
+    def timer(self, device: str) -> Callable[[], float]:
+        """Runs one step (``.grad`` None first) and returns its seconds."""
+        return lambda: timed_step(self.model, self.step, device)
 
 
 def compiled_point(model: nn.Module, args: tuple, label: str, tag: str, budget: float = 1.0, **extra) -> Point:
     """``torch.compile`` with inductor at ``activation_memory_budget=budget``, compiled now (by one step)."""
-    fn = torch.compile(hierarchical._entry_point(model, tag), backend="inductor", fullgraph=True)
-    step = make_step(fn, args)
-    t0 = time.perf_counter()
-    with torch._functorch.config.patch(activation_memory_budget=budget), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.zero_grad(set_to_none=True)
-        step()
-    return Point(extra.pop("method", "inductor"), label, model, step, compile_s=time.perf_counter() - t0, **extra)
+    step, seconds = compiled_step(model, args, None, tag, budget)
+    return Point(extra.pop("method", "inductor"), label, model, step, compile_s=seconds, **extra)
 
 
 def remat_point(model: nn.Module, args: tuple, label: str, target: str, budget) -> Point:
@@ -264,8 +209,7 @@ def remat_point(model: nn.Module, args: tuple, label: str, target: str, budget) 
     t0 = time.perf_counter()
     calibrate = budget != "min"
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with quiet():
             m = remat.compile(model, *args, budget=budget, calibrate=calibrate)
     except InfeasibleBudgetError as err:
         return Point("remat", label, None, None, compile_s=time.perf_counter() - t0, target=target,
@@ -294,7 +238,7 @@ def remat_points(model, args, targets: list[tuple[str, str, object]], device: st
         else:
             p = remat_point(model, args, label, target, budget)
             if p.step is not None:
-                p.peak = measure_peak(p, device)
+                p.peak = measured_peak(p.model, p.step, device)
             log(f"  remat {label}: {p.compile_s:.0f} s; " + (f"{p.note}" if p.step is None else f"budget "
                 f"{mib(p.budget)} MiB, predicted {mib(p.predicted)} MiB, measured {mib(p.peak)} MiB {p.note}"))
         done.append(p)
@@ -305,13 +249,11 @@ def time_rounds(eager: Point, default: Point, others: list[Point], rounds: int, 
     """Each round, for every point: eager, Inductor default, the point (reversed every other round);
     the point's ratios to the eager and Inductor steps beside it are kept."""
     unique = [p for p in others if p.step is not None and not p.reused_from]
-    for p in (eager, default, *unique):  # warm up
-        run_step(p, device)
+    samples = alternating_rounds([eager.timer(device), default.timer(device)], [p.timer(device) for p in unique],
+                                 rounds, alternate=True, after_round=lambda r: log(f"  round {r + 1}/{rounds} done"))
     for r in range(rounds):
-        for p in unique:
-            order = (eager, default, p) if r % 2 == 0 else (p, default, eager)
-            t = {id(q): run_step(q, device) for q in order}
-            te, ti, tp = t[id(eager)], t[id(default)], t[id(p)]
+        for p, per in zip(unique, samples):
+            te, ti, tp = per[r]
             eager.times.append(te)
             default.times.append(ti)
             default.vs_eager.append(ti / te)
@@ -319,7 +261,6 @@ def time_rounds(eager: Point, default: Point, others: list[Point], rounds: int, 
             p.times.append(tp)
             p.vs_eager.append(tp / te)
             p.vs_inductor.append(tp / ti)
-        log(f"  round {r + 1}/{rounds} done")
     eager.vs_eager, default.vs_inductor = [1.0], [1.0]
     for p in others:  # reused plans share their source's timings
         if p.reused_from:
@@ -346,7 +287,7 @@ def bench_model(name: str, quick: bool, device: str, rounds: int, fraction_list)
         ckpt.append(compiled_point(ckpt_model, args, "checkpoint + inductor", f"{name}_ckpt", method="checkpoint"))
         log(f"  checkpoint + inductor: compiled in {ckpt[1].compile_s:.0f} s")
     for p in (eager, *inductor, *ckpt):
-        p.peak = measure_peak(p, device)
+        p.peak = measured_peak(p.model, p.step, device)
         log(f"  {p.label}: measured peak {mib(p.peak)} MiB")
     fractions = () if quick else fraction_list
     targets = [(f"remat {f}", "fraction" if f != "min" else "smallest feasible", f) for f in fractions]
@@ -372,12 +313,8 @@ def time_close_calls(r: dict, rounds: int, device: str) -> None:
         if p.method != "inductor" or q.peak is None or abs(q.r_inductor - p.r_inductor) >= CLOSE_CALL:
             continue
         ours = by_label[q.reused_from] if q.reused_from else q
-        run_step(ours, device), run_step(p, device)  # warm up
-        ratios = []
-        for k in range(rounds):
-            order = (ours, p) if k % 2 == 0 else (p, ours)
-            t = {id(x): run_step(x, device) for x in order}
-            ratios.append(t[id(ours)] / t[id(p)])
+        samples = alternating_rounds([ours.timer(device)], [p.timer(device)], rounds, alternate=True)[0]
+        ratios = [t_ours / t_p for t_ours, t_p in samples]
         q.head_to_head[p.label] = ratios
         log(f"  head to head, {q.label} ÷ {p.label}: {statistics.median(ratios):.3f} (median of {rounds})")
 
@@ -386,9 +323,7 @@ def time_close_calls(r: dict, rounds: int, device: str) -> None:
 # Report
 
 
-def ratio(x: float | None) -> str:
-    return "–" if x is None else f"{x:.3f}"
-
+ratio = partial(common.fmt, spec=".3f")
 
 def act(p: Point, grads: int) -> int:
     return p.peak - grads
@@ -396,11 +331,8 @@ def act(p: Point, grads: int) -> int:
 
 def table_md(r: dict) -> list[str]:
     grads, eager = r["grads"], r["eager"]
-    lines = [
-        "| method | budget | measured peak MiB | activations MiB | predicted MiB | measured/predicted | ≤ budget? | "
-        "step ms | ÷ eager | ÷ Inductor default | compile s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = md_header(["method", "budget", "measured peak MiB", "activations MiB", "predicted MiB", "measured/predicted",
+                       "≤ budget?", "step ms", "÷ eager", "÷ Inductor default", "compile s"])
     for p in [eager, *r["inductor"], *r["ckpt"], *r["remat"]]:
         if p.method == "inductor":
             budget, within = f"activation_memory_budget {p.inductor_budget}", "(not a limit)"
@@ -428,11 +360,9 @@ def matched_rows(r: dict) -> list[tuple[Point, Point]]:
 
 
 def matched_md(r: dict) -> list[str]:
-    lines = [
-        "| other method | its peak MiB | its step ÷ Inductor default | remat peak MiB | remat step ÷ Inductor default | "
-        "head to head: remat ÷ it | remat ≤ its step time? | remat overhead ÷ its overhead |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    lines = md_header(["other method", "its peak MiB", "its step ÷ Inductor default", "remat peak MiB",
+                       "remat step ÷ Inductor default", "head to head: remat ÷ it", "remat ≤ its step time?",
+                       "remat overhead ÷ its overhead"])
     smallest = min((q for q in r["remat"] if q.peak is not None), key=lambda q: q.peak, default=None)
     for p, q in matched_rows(r):
         if q.peak is None:
@@ -620,7 +550,7 @@ def save(results: list[dict], path: str, revision: str = "", elapsed: float = 0.
 
     data = {"results": [{k: enc(v) for k, v in r.items()} for r in results], "revision": revision,
             "elapsed": elapsed, "argv": sys.argv[1:], "machine": machine_facts(), "malloc": malloc}
-    Path(path).write_text(json.dumps(data))
+    write_json(path, data, indent=None)
 
 
 def load(results: list[dict]) -> list[dict]:
@@ -661,8 +591,7 @@ def main() -> None:
         args.malloc = "the device's caching allocator"
     else:
         args.malloc = "glibc's defaults (`--system-malloc`)" if args.system_malloc else keep_freed_cpu_memory()
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    warnings.filterwarnings("ignore", category=FutureWarning)
+    process_setup(threads=int(os.environ["OMP_NUM_THREADS"]), quiet_future=True)
     if args.quick:
         args.rounds = 1
     start, revision = time.perf_counter(), git_revision()
@@ -675,11 +604,7 @@ def main() -> None:
     elapsed = time.perf_counter() - start
     if args.save:
         save(results, args.save, revision, elapsed, args.malloc)
-    text = report(results, args, revision, elapsed, sys.argv[1:])
-    print(text)
-    if not args.quick:
-        out.write_text(text)
-        log(f"wrote {out}")
+    publish(report(results, args, revision, elapsed, sys.argv[1:]), None if args.quick else out)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/swap_milp.py [--limit 60] [
 two budgets, nothing written).
 
 Graphs the MILP can prove: zoo models of size ``tiny`` with at most ~60 ops, and zoo models
-coarsened to module level (:func:`remat.coarsen.coarsen_graph`; both planners then plan the
+coarsened to module level (:func:`remat.solvers.coarsen.coarsen_graph`; both planners then plan the
 *coarse* graph, which is a graph in its own right). All are captured on the CPU with remat's
 default cost model, so their transfer costs are the CPU's file store, measured:
 **synchronous copies** (``overlap=False``), for which the swap MILP is exact (its objective is
@@ -27,25 +27,23 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+import common  # this folder is on the path
+
+common.single_thread_env(omp=True)  # before torch is imported
+common.use_checkout_src()
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
-import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "src"))
-
 import remat  # noqa: E402
-from remat import zoo  # noqa: E402
-from remat.coarsen import coarsen_graph  # noqa: E402
+from remat import models as zoo  # noqa: E402
+from remat.solvers.coarsen import coarsen_graph  # noqa: E402
 from remat.errors import RematError, SolverTimeLimitWarning  # noqa: E402
 from remat.graph import Graph  # noqa: E402
 from remat.solvers import solve  # noqa: E402
-from provenance import git_revision, machine_facts  # noqa: E402  (this folder is on the path)
+from common import HERE, git_revision, log, machine_facts, made_by, md_header, publish, quiet, write_json  # noqa: E402
 
 OP_LEVEL = ("dropout_mlp", "cnn_bn", "tied")  # tiny zoo models, 35-43 ops
 COARSE = ("gpt2", "vit", "resnet")  # tiny zoo models coarsened to module level: 50, 46, 59 nodes
@@ -54,10 +52,6 @@ TARGET = 1.05
 LIMIT = 30.0  # the MILP's time limit per budget
 OTHERS_LIMIT = 5.0  # the greedy's (its recomputation start and its search) and recompute-only checkmate's
 OVERLAP_GRAPHS = ("dropout_mlp", "gpt2 (coarse)")
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def graphs(quick: bool) -> list[tuple[str, Graph]]:
@@ -97,8 +91,7 @@ def compare(name: str, g: Graph, limit: float, fractions, overlap_table: bool = 
             greedy = smallest  # as remat.plan(solver="hybrid") does: its smallest plan when it fits and is better
         t_greedy = time.perf_counter() - t0
         t0 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SolverTimeLimitWarning)
+        with quiet(SolverTimeLimitWarning):
             try:
                 milp = solve("checkmate_swap", g, budget, time_limit=limit, warm_plans=[greedy])
                 error = None
@@ -163,11 +156,9 @@ def verdict_cell(row) -> str:
 
 def table(rows: list[dict]) -> list[str]:
     ms = 1e3
-    lines = [
-        "| graph | nodes | budget (fraction) | greedy step ms (swaps, recomputes) | MILP step ms (swaps, recomputes) | "
-        "recompute-only checkmate ms | **greedy / MILP** | MILP status (gap in seconds) | MILP s | ≤ 1.05× |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = md_header(["graph", "nodes", "budget (fraction)", "greedy step ms (swaps, recomputes)",
+                       "MILP step ms (swaps, recomputes)", "recompute-only checkmate ms", "**greedy / MILP**",
+                       "MILP status (gap in seconds)", "MILP s", "≤ 1.05×"])
     for r in rows:
         greedy = (f"{r['greedy'] * ms:.4f} ({r['greedy_swaps']}, {r['greedy_recomputes']})" if r["greedy_fits"]
                   else "does not fit")
@@ -218,13 +209,8 @@ def main() -> None:
     else:
         run = measure(args)
         if not args.quick:
-            (HERE / "swap_milp.json").write_text(json.dumps(run, indent=1))
-    text = render(run)
-    if args.quick:
-        print(text)
-        return
-    (HERE / "swap_milp.md").write_text(text)
-    log(f"wrote {HERE / 'swap_milp.md'}")
+            write_json(HERE / "swap_milp.json", run)
+    publish(render(run), None if args.quick else HERE / "swap_milp.md", echo=args.quick)
 
 
 def measure(args) -> dict:
@@ -248,8 +234,8 @@ def render(run: dict) -> str:
     lines = [
         "# The hybrid greedy against the swap MILP's optimum, CPU",
         "",
-        f"Made by `benchmarks/swap_milp.py` (remat at commit {run['revision']}, {run['date']}) on "
-        f"{run['machine']}. Load average {run['load_before']:.1f} before, {run['load_after']:.1f} after (2 cores, shared); "
+        made_by("swap_milp.py", run["revision"], run["date"], run["machine"])
+        + f". Load average {run['load_before']:.1f} before, {run['load_after']:.1f} after (2 cores, shared); "
         f"total run time {run['minutes']:.1f} min (results saved in `swap_milp.json`; `--render` redraws the tables). Only predictions are compared (the simulator's step time, compute + "
         "stalls, and peak): nothing here is timed except the solvers.",
         "",

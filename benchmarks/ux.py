@@ -32,18 +32,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from provenance import git_revision, machine_facts  # this folder is on the path
+from common import (  # this folder is on the path
+    HERE, SRC, best_try, git_revision, machine_facts, made_by, md_header, shared_machine_note, use_checkout_src,
+    zoo_batch_factories)
 
-HERE = Path(__file__).resolve().parent
-SRC = HERE.parent / "src"
 BUDGET = 0.5
 
 _CHILD = """
 import json, sys, time
 sys.path.insert(0, {src!r})
 import torch
-import remat, remat.backend, remat.cache
-from remat import zoo
+import remat, remat.backend, remat.solvers.cache
+from remat import models as zoo
 
 planning = []
 inner = remat.backend.plan_with_cache
@@ -105,25 +105,13 @@ def cache_benchmark(name: str, size: str, reps: int, work: Path) -> tuple[list[s
 
 def batch_benchmark(name: str, size: str, cap: str, start: int) -> tuple[dict, float]:
     import remat
-    from remat import zoo
 
-    def make_model():
-        return zoo.build(name, size=size).model
-
-    def make_batch(n):
-        ex = zoo.build(name, size=size, batch=n)
-        return ex.args, ex.kwargs
-
+    make_model, make_batch = zoo_batch_factories(name, size)
     t = time.perf_counter()
     result = remat.max_batch_size(make_model, make_batch, cap, solver="auto", start=start,
                                   on_try=lambda r: print(f"  {name} {r.method} batch {r.batch}: "
                                                          f"{'fits' if r.fits else 'no'} {r.reason}", flush=True))
     return result, time.perf_counter() - t
-
-
-def best(result, method):
-    size = result.batch_size if method == "remat" else result.plain_batch_size
-    return next((t for t in result.tries if t.method == method and t.batch == size and t.fits), None)
 
 
 def main() -> None:
@@ -132,7 +120,7 @@ def main() -> None:
     ap.add_argument("--cap", default="128MiB")
     ap.add_argument("--quick", action="store_true", help="tiny models, nothing written")
     args = ap.parse_args()
-    sys.path.insert(0, str(SRC))
+    use_checkout_src()
     import remat
     from remat.errors import format_bytes
 
@@ -148,7 +136,7 @@ def main() -> None:
         print("2. max batch size", flush=True)
         batches = []
         for name, start in (("gpt2", 4), ("resnet18", 8)):
-            result, seconds = batch_benchmark(name, size, args.cap, 1 if args.quick else start)
+            result, seconds = batch_benchmark(name, size, args.cap, 2 if args.quick else start)  # BatchNorm: batch >= 2
             print(result.summary(), flush=True)
             batches.append((name, result, seconds))
     load_after = os.getloadavg()
@@ -159,9 +147,8 @@ def main() -> None:
     lines = [
         "# Plan cache and max batch size",
         "",
-        f"Made by `benchmarks/ux.py` (remat at commit {git_revision()}, {started}) on {machine_facts()}.",
-        f"The machine was **shared with other jobs** while this ran (load average {load_before[0]:.1f} before, "
-        f"{load_after[0]:.1f} after, on {os.cpu_count()} cores): absolute times are inflated and noisy; the "
+        made_by("ux.py", git_revision(), started, machine_facts()) + ".",
+        shared_machine_note(load_before[0], load_after[0]) + "the "
         "cold/warm pairs ran back to back, so their ratios are the figures to read.",
         "",
         "## 1. Plan cache: `remat.optimize` of GPT-2 (zoo `gpt2`, size `small`), cold vs warm",
@@ -174,8 +161,8 @@ def main() -> None:
         "spent in the backend's planning call (cold: solving; warm: reading the entry and re-simulating the "
         "plan on the live graph to validate it). Seconds.",
         "",
-        "| pair | optimize() cold | optimize() warm | warm/cold | planning cold | planning warm | warm/cold | cache (cold / warm) |",
-        "|---|---|---|---|---|---|---|---|",
+        *md_header(["pair", "optimize() cold", "optimize() warm", "warm/cold", "planning cold", "planning warm",
+                    "warm/cold", "cache (cold / warm)"]),
         *rows,
         f"| **median** | **{s['cold_opt']:.2f}** | **{s['warm_opt']:.2f}** | **{s['ratio_opt']:.3f}** "
         f"| **{s['cold_plan']:.3f}** | **{s['warm_plan']:.4f}** | **{s['ratio_plan']:.4f}** | {s['hits']}/{len(rows)} warm hits |",
@@ -197,11 +184,11 @@ def main() -> None:
         "budget = cap - parameters - buffers - batch, a budget no plan meets counts as not fitting without "
         "running).",
         "",
-        "| model | plain PyTorch batch | measured | remat batch | measured | remat solver | remat / plain | tries | search time |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *md_header(["model", "plain PyTorch batch", "measured", "remat batch", "measured", "remat solver",
+                    "remat / plain", "tries", "search time"]),
     ]
     for name, result, seconds in batches:
-        p, r = best(result, "plain"), best(result, "remat")
+        p, r = best_try(result, "plain"), best_try(result, "remat")
         gain = f"{result.gain:.2f}x" if result.gain else "–"
         lines.append(
             f"| {name} | {result.plain_batch_size} | {format_bytes(p.measured_bytes) if p else '–'} "

@@ -183,6 +183,9 @@ class Graph:
             memo = _LIVE_MEMOS[self.planning_key] = Memo()
         return memo
 
+    def __getstate__(self) -> dict:  # a pickled graph carries its data, not what planners learnt about it
+        return {k: v for k, v in self.__dict__.items() if k != "memo"}
+
     def __hash__(self) -> int:  # frozen dataclass with a dict field
         return hash(self.structural_hash)
 

@@ -54,6 +54,7 @@ FAST_SOLVERS = ("checkpoint_all", "chen_sqrt", "chen_greedy", "rotor", "hierarch
 # then minimises the peak): their minimum is learnt from that plan, not from a second solve
 MINIMUM_WHEN_INFEASIBLE = ("checkmate", "checkmate_lp")
 
+
 def _options_key(options: dict) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in options.items()))
 
