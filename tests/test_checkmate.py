@@ -133,7 +133,7 @@ class _StaleSolutionHighs:
 
 
 def test_a_solution_that_disagrees_with_the_reported_objective_is_solved_again():
-    from remat.solvers.checkmate import _solve, stages_of
+    from remat.solvers.checkmate import run_highs as _solve, stages_of
     from remat.solvers.checkmate_model import build, solution_vector, to_highs
 
     g = chain(n=6, size=100)
