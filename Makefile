@@ -15,5 +15,5 @@ demo: $(VENV)/.installed-models
 	$(VENV)/bin/remat demo
 
 test: $(VENV)/.installed-test
-	$(VENV)/bin/lint-imports  # the layers of docs/architecture.md: no circle, no upward import, no private name across folders
+	$(VENV)/bin/lint-imports  # the layers of docs/architecture.md: no circle, no upward import, no private name of another module
 	$(PY) -m pytest -q -n 2 --dist loadfile  # two workers; a test file stays on one worker (its fixtures are built once)
