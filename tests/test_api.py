@@ -190,3 +190,40 @@ def test_plan_summary_mentions_what_matters():
     text = remat.plan(ex.model, *ex.args, budget=1.0).summary()
     for word in ("predicted peak", "budget", "overhead", "solve time"):
         assert word in text
+
+
+class _RaisesOnBatchOfThree(nn.Module):
+    """A model whose forward raises the user's own exception for some inputs."""
+
+    class NotThree(ValueError):
+        pass
+
+    def __init__(self, error):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.error = error
+
+    def forward(self, x):
+        y = self.lin(x)
+        if x.shape[0] == 3:
+            raise self.error("a batch of 3 is not allowed")
+        return y.sum()
+
+
+@pytest.mark.parametrize("error", [RuntimeError, _RaisesOnBatchOfThree.NotThree])
+def test_the_users_own_exception_reaches_them_unchanged(error):
+    """An exception the model's forward raises is the user's (type, message), as with plain PyTorch,
+    not a CaptureError advising to rewrite the line: at optimize, at a later shape, and in remat.plan."""
+    model = _RaisesOnBatchOfThree(error)
+    with pytest.raises(error, match="a batch of 3 is not allowed") as caught:
+        remat.optimize(model, torch.randn(3, 8))
+    assert not isinstance(caught.value, remat.CaptureError) and "run by remat" in str(caught.value.__notes__)
+    with pytest.raises(error, match="a batch of 3"):
+        remat.plan(model, torch.randn(3, 8), solver="store_all")
+    m = remat.optimize(model, torch.randn(4, 8), solver="store_all")
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(error, match="a batch of 3"):
+        m(torch.randn(3, 8))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    m(torch.randn(4, 8)).backward()  # still usable
+    assert model.lin.weight.grad is not None

@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from .backend import BackendOptions, remat_backend
 from .capture import (Capture, PlanReady, check_unwrapped, detached_copies, no_lasting_effects,
-                      training_step_mode, unwrap_compile_error)
+                      training_step_mode, unwrap_compile_error, users_own_exception)
 from .cost import DEFAULT_COST_MODEL, INDUCTOR_COST_MODEL
 from .errors import CaptureError, NotTrainingWarning
 from . import inductor
@@ -162,6 +162,9 @@ class RematModule(nn.Module):
         except Exception as err:  # surface remat's own errors, not Dynamo's wrapper
             inner = unwrap_compile_error(err)
             if isinstance(inner, CaptureError):
+                own = users_own_exception(err, self._remat_original, args, kwargs)
+                if own is not None:  # the model's forward raised: its exception, as plain PyTorch gives it
+                    raise own from None
                 check_unwrapped(self._remat_original)  # wrapped by DDP/FSDP after optimize: say so
             if inner is err:
                 raise
@@ -331,6 +334,9 @@ def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_mode
             compiled(*example_args, **example_kwargs)
     except Exception as err:
         inner = unwrap_compile_error(err)
+        own = users_own_exception(err, model, example_args, example_kwargs) if isinstance(inner, CaptureError) else None
+        if own is not None:  # the model's forward raised: its exception, as plain PyTorch gives it
+            raise own from None
         if not isinstance(inner, PlanReady):
             if inner is err:
                 raise

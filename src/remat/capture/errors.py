@@ -19,6 +19,7 @@ import re
 import torch
 
 from ..errors import CaptureError, RematError
+from .step import detached_copies, no_lasting_effects, training_step_mode
 
 
 class PlanReady(Exception):
@@ -81,4 +82,33 @@ def capture_error(err: BaseException) -> CaptureError:
 
 
 
-__all__ = ["PlanReady", "unwrap_compile_error", "capture_error", "user_frame", "NOT_USER_CODE"]
+def _raised_by_user_code(err: BaseException) -> bool:
+    """Whether Dynamo stopped because the traced code itself raised (its ``ObservedException``)."""
+    seen, observed = err, torch._dynamo.exc.ObservedException
+    while seen is not None:
+        if isinstance(seen, observed):
+            return True
+        seen = getattr(seen, "inner_exception", None) or seen.__cause__
+    return False
+
+
+def users_own_exception(err: BaseException, model, args: tuple, kwargs: dict) -> BaseException | None:
+    """The user's own exception behind Dynamo's ``err``, or None.
+
+    With ``fullgraph=True`` an exception the model's forward raises reaches the caller as Dynamo's
+    ``Unsupported("Observed exception")``, which holds no exception object of the user's. So the
+    forward is run again eagerly, on copies of the inputs and leaving no lasting effects: what it
+    raises is the user's exception, with its type, message and traceback, as plain PyTorch raises
+    it; a note says remat ran it. None when ``err`` is not such a failure or the eager run passes."""
+    if not _raised_by_user_code(err):
+        return None
+    try:
+        with training_step_mode(), no_lasting_effects(model):
+            model(*detached_copies(args), **detached_copies(kwargs))
+    except Exception as own:
+        own.add_note("(raised by the model's forward, run by remat while it captured the training step)")
+        return own
+    return None
+
+
+__all__ = ["PlanReady", "unwrap_compile_error", "users_own_exception", "capture_error", "user_frame", "NOT_USER_CODE"]
