@@ -259,3 +259,19 @@ def test_concurrent_writers_never_leave_a_torn_file(planned):
         t.join()
     assert seen and set(seen) == {"ok"}
     assert [p.name for p in cache.plan_cache_dir().iterdir()] == [path.name]  # no temporary files left
+
+
+def test_an_entry_planned_for_more_than_the_request_is_a_miss(planned):
+    """An entry under a valid key whose plan (and recorded budget) exceed the requested fraction's
+    bytes on the live graph is not used: the request is re-resolved on the graph and checked."""
+    good = cached(planned.graph)
+    (path,) = entries()
+    data = json.loads(path.read_text())
+    store_all = remat.solvers.solve("store_all", planned.graph, None)
+    assert store_all.peak_bytes > good.budget_bytes
+    data["plan"] = {**store_all.to_dict(include_graph=False), "solver": SOLVER,  # the key's solver,
+                    "budget_bytes": 2 * good.budget_bytes}  # a budget it fits, twice the request's
+    path.write_text(json.dumps(data))
+    again = cached(planned.graph)
+    assert again.info["cache"] == "miss" and again.instructions == good.instructions
+    assert again.peak_bytes <= good.budget_bytes

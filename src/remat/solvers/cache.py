@@ -50,7 +50,7 @@ from ..errors import RematError
 from ..graph import Graph
 from ..version import __version__
 from ..plan import Plan
-from .planner import make_plan
+from .planner import make_plan, resolve
 
 __all__ = ["ENV_VAR", "plan_cache_dir", "cache_key", "lookup", "store", "plan_with_cache"]
 
@@ -127,14 +127,22 @@ def lookup(graph: Graph, key: dict) -> Plan | None:
         plan = Plan.from_dict(stored, graph, source=str(path))  # re-simulated on the live graph
     except (ValueError, KeyError, TypeError, RematError):
         return None
-    requested = key["budget"]
+    if plan.budget_bytes != _requested_bytes(graph, key["budget"], plan):
+        return None  # planned for another budget than this request's, whatever the key says
     if plan.budget_bytes is not None and plan.peak_bytes > plan.budget_bytes:
-        return None
-    if isinstance(requested, int) and plan.budget_bytes != requested:
         return None
     if key["solver"] not in ("auto", plan.solver):
         return None
     return plan
+
+
+def _requested_bytes(graph: Graph, budget_key, plan: Plan) -> int | None:
+    """The request's budget in bytes on the live ``graph``: a size as is, a fraction resolved against
+    the graph's own store-all peak (a simulation). ``"min"`` is taken from the plan: its bytes would
+    need the very solve the cache saves, so a "min" entry is checked for fitting its own budget only."""
+    if isinstance(budget_key, list) and budget_key[0] == "spec":
+        return plan.budget_bytes
+    return resolve(graph, budget_key[1] if isinstance(budget_key, list) else budget_key)
 
 
 def store(key: dict, plan: Plan) -> None:
