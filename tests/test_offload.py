@@ -423,3 +423,62 @@ def test_file_store_checksums_in_a_forked_child(tmp_path):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     store.close()
+
+
+def _failing_writes(after: int):
+    """An ``open`` for the offload module whose writes fail with ENOSPC once ``after`` files were
+    written, leaving a partial file behind (what a full disk does)."""
+    written = []
+
+    class PartialFile:
+        def __init__(self, path):
+            self.f = open(path, "wb")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            if len(written) >= after:
+                self.f.write(bytes(memoryview(data)[:100]))
+                raise OSError(28, "No space left on device")
+            written.append(len(data))
+            return self.f.write(data)
+
+    return lambda path, mode="r": PartialFile(path)
+
+
+def test_a_failed_offload_write_is_an_offload_error_and_leaves_nothing(tmp_path, monkeypatch):
+    """A write that fails (disk full) raises OffloadError naming the file, the bytes and the cause;
+    the partial file and the folder are removed, and the store works again once the disk has room."""
+    store = runtime.OffloadStore(runtime.FILE_STORE, dir=str(tmp_path))
+    t = torch.randn(64, 64)
+    monkeypatch.setattr(runtime, "open", _failing_writes(after=0), raising=False)
+    with pytest.raises(OffloadError, match=r"16384 bytes to .*0\.bin: No space left on device"):
+        store.offload(t)
+    assert store.files() == [] and store.folder is None and not store.entries and list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    h = store.offload(t)
+    assert torch.equal(store.wait(h, store.reload(h)), t)
+    store.close()
+
+
+def test_a_step_whose_offload_fails_stops_cleanly_and_the_next_step_runs(monkeypatch):
+    """In a planned step, the second offload's write fails: the step raises OffloadError, no file is
+    left, and the next step (disk free again) runs with the same gradients as before."""
+    before = set(runtime._STORES)
+    ex = fresh("mlp", size="small")
+    module = optimized(ex, solver="test_offload_swaps", cost_model="unit", cache=False)
+    (store,) = new_stores(before)
+    assert module.plan.simulation.offloaded >= 2
+    ref = run_step(ex, module, steps=1)
+    monkeypatch.setattr(runtime, "open", _failing_writes(after=1), raising=False)
+    with pytest.raises(OffloadError, match="No space left on device"):
+        ex.loss(module(*ex.args)).backward()
+    gc.collect()
+    assert store.files() == [] and store.folder is None
+    monkeypatch.undo()
+    ex.model.zero_grad(set_to_none=True)
+    assert_bitwise(run_step(ex, module, steps=1), ref)

@@ -160,18 +160,16 @@ class OffloadStore:
             self.entries[key] = entry
         span = torch.as_strided(t, (extent,), (1,), t.storage_offset())  # the storage bytes it covers
         if self.kind == FILE_STORE:
-            with self._lock:
-                if self.folder is None:
-                    self.folder = tempfile.mkdtemp(prefix="remat-offload-", dir=self.dir)
-                    self._finalizer = weakref.finalize(self, shutil.rmtree, self.folder, True)
-                entry.path = os.path.join(self.folder, f"{key}.bin")
-            data = span.cpu().view(torch.uint8).numpy() if extent else b""
-            chunks = _chunks(data)
-            pool = _pool_for(chunks)
-            checksums = [_checksum(pool, c) for c in chunks]  # beside the write
-            with open(entry.path, "wb") as f:
-                f.write(data)
-            entry.crcs = [c.result() for c in checksums]
+            try:
+                self._write(key, entry, span)
+            except OSError as err:  # disk full, read-only folder ...: no partial file, the store usable
+                self._discard(key)
+                where = entry.path or f"a new folder in {self.dir or tempfile.gettempdir()}"
+                raise OffloadError(
+                    f"remat could not offload {entry.nbytes} bytes to {where}: {err.strerror or err}. "
+                    "Free space there, or move the offload files elsewhere (TMPDIR); the step was stopped "
+                    "and its files removed, and the next step can run"
+                ) from err
         else:
             stream = self._side_stream(t.device)
             current = torch.cuda.current_stream(t.device)
@@ -223,6 +221,24 @@ class OffloadStore:
         return tensor
 
     # ------------------------------------------------------------------ internals
+    def _write(self, key: int, entry: _Entry, span: torch.Tensor) -> None:
+        """Write ``span``'s bytes to the entry's file (making the private folder first if needed),
+        with the CRC-32 of each chunk computed beside the write."""
+        with self._lock:
+            if self.folder is None:
+                self.folder = tempfile.mkdtemp(prefix="remat-offload-", dir=self.dir)
+                self._finalizer = weakref.finalize(self, shutil.rmtree, self.folder, True)
+            entry.path = os.path.join(self.folder, f"{key}.bin")
+        data = span.cpu().view(torch.uint8).numpy() if entry.extent else b""
+        chunks = _chunks(data)
+        pool = _pool_for(chunks)
+        checksums = [_checksum(pool, c) for c in chunks]  # beside the write
+        try:
+            with open(entry.path, "wb") as f:
+                f.write(data)
+        finally:
+            entry.crcs = [c.result() for c in checksums]  # the checkers are done with data either way
+
     def _read(self, entry: _Entry, span: torch.Tensor) -> None:
         what = f"offload file {entry.path}"
         try:
