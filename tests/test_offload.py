@@ -482,3 +482,28 @@ def test_a_step_whose_offload_fails_stops_cleanly_and_the_next_step_runs(monkeyp
     monkeypatch.undo()
     ex.model.zero_grad(set_to_none=True)
     assert_bitwise(run_step(ex, module, steps=1), ref)
+
+
+def test_a_store_that_cannot_be_measured_plans_with_conservative_costs(monkeypatch):
+    """With no room to measure the file store (the 8 MiB test copy fails), optimize still plans: at
+    budget None nothing is measured at all, and at a budget the plan uses slow, synchronous
+    copies, said in a warning, instead of failing at every budget."""
+    import remat
+    from remat.execute import transfer
+
+    calls = []
+
+    def full_disk(dev, store):
+        calls.append(store)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(transfer, "_measure", full_disk)
+    monkeypatch.setattr(transfer, "_load", lambda path, key: None)
+    monkeypatch.setattr(transfer, "_MEMO", {})
+    ex = fresh("mlp", size="small")
+    plain = remat.optimize(ex.model, *ex.args, budget=None, cost_model="unit", cache=False)
+    assert calls == [] and "transfer" not in plain.plan.graph.meta
+    with pytest.warns(UserWarning, match="could not measure the file offload store"):
+        planned = remat.optimize(ex.model, *ex.args, budget=0.6, solver="chen_sqrt", cost_model="unit", cache=False)
+    assert calls == ["file"] and planned.plan.graph.meta["transfer"]["d2h_bytes_per_s"] == 10e6
+    assert planned.plan.peak_bytes <= planned.plan.budget_bytes

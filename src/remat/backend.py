@@ -37,7 +37,7 @@ def make_partition_fn(opts: BackendOptions):
             num_fwd_outputs,
             cost_fn=make_cost_fn(opts.cost_model, device),
             workspace_fn=make_workspace_fn(opts.workspace),
-            transfer=make_transfer_meta(device),
+            transfer=make_transfer_meta(device) if _may_offload(opts) else None,
         )
         plan = plan_with_cache(
             capture.graph, opts.budget, opts.solver, time_limit=opts.time_limit,
@@ -48,6 +48,12 @@ def make_partition_fn(opts: BackendOptions):
         return lower(capture, plan)
 
     return partition_fn
+
+
+def _may_offload(opts: BackendOptions) -> bool:
+    """Whether a plan for ``opts`` may offload, and so needs the store's measured bandwidth: not when
+    ``auto`` plans without a budget (store_all then, nothing beats it); any named solver may."""
+    return opts.budget is not None or opts.solver != "auto"
 
 
 def remat_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass
 
 import torch
 
 from ..cost import machine
+from ..errors import OffloadError
 
 _METHOD_VERSION = 2  # 2: the file store checksums beside its copies
 _SMALL = 4096
@@ -75,13 +77,31 @@ def transfer_costs(device: torch.device | str = "cpu", store: str | None = None,
                 _MEMO[str(path)] = costs
                 return costs
         t0 = time.perf_counter()
-        with machine._disable_current_modes():  # may be called under AOTAutograd's fake mode
-            costs = _measure(dev, store)
+        try:
+            with machine._disable_current_modes():  # may be called under AOTAutograd's fake mode
+                costs = _measure(dev, store)
+        except (OSError, OffloadError) as err:  # e.g. a temporary folder with no room for the test copies
+            costs = _conservative(store)
+            warnings.warn(
+                f"remat could not measure the {store} offload store's bandwidth ({err}); plans assume a slow "
+                f"{costs.d2h_bytes_per_s / 1e6:.0f} MB/s each way instead, so they offload only where that "
+                "still pays. Free space in the temporary folder (TMPDIR) to have it measured.",
+                stacklevel=2,
+            )
+            _MEMO[str(path)] = costs  # for this process only: the next one measures again
+            return costs
         data = {"key": key, "transfer": asdict(costs), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "measurement_seconds": round(time.perf_counter() - t0, 3)}
         machine.write_json_atomic(path, data, "its transfer cost cache", "the measurement will be repeated in the next process")
         _MEMO[str(path)] = costs
         return costs
+
+
+def _conservative(store: str) -> TransferCosts:
+    """Costs to plan with when the store cannot be measured: slow, synchronous copies (a tenth of a
+    spinning disk's bandwidth for files), so that a plan offloads only where that still pays."""
+    rate = 10e6 if store == "file" else 1e9
+    return TransferCosts(rate, rate, 1e-3, overlap=False, store=store)
 
 
 def _load(path, key) -> TransferCosts | None:
