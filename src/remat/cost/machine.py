@@ -213,13 +213,52 @@ def _store(path: Path, key: dict, roofline: Roofline, elapsed: float) -> None:
     write_json_atomic(path, data, "its roofline cache", "the measurement will be repeated in the next process")
 
 
+TMP_SUFFIX = ".tmp"
+STALE_UNOWNED_SECONDS = 24 * 3600  # a temporary file of an older remat (no pid in its name) this old is stale
+_SWEPT: set = set()
+
+
+def remove_stale_temp_files(folder: Path) -> list[tuple[Path, int]]:
+    """Remove the temporary files of cache writes that never finished (the writer was killed): those
+    whose writer's pid (``.<name>-<pid>-<random>.tmp``) is not running, and those without a pid older
+    than a day. Returns ``(path, bytes)`` for each file removed."""
+    removed = []
+    try:
+        candidates = [e for e in os.scandir(folder) if e.name.startswith(".") and e.name.endswith(TMP_SUFFIX)]
+    except OSError:
+        return removed
+    for entry in candidates:
+        parts = entry.name[1:-len(TMP_SUFFIX)].split("-")  # name, pid, mkstemp's random part (no "-")
+        pid = int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else None
+        try:
+            stat = entry.stat(follow_symlinks=False)
+            if pid is not None:
+                try:
+                    os.kill(pid, 0)
+                    continue  # its writer runs
+                except ProcessLookupError:
+                    pass
+                except OSError:
+                    continue
+            elif time.time() - stat.st_mtime < STALE_UNOWNED_SECONDS:
+                continue
+            os.unlink(entry.path)
+            removed.append((Path(entry.path), stat.st_size))
+        except OSError:
+            continue
+    return removed
+
+
 def write_json_atomic(path: Path, data: dict, what: str, consequence: str) -> None:
     """Write ``data`` to ``path`` via a temporary file and ``os.replace`` (readers never see half
     a file); on failure warn, naming ``what`` could not be written and its ``consequence``."""
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".tmp")
+        if path.parent not in _SWEPT:  # what writes killed mid-way left here (once per folder and process)
+            _SWEPT.add(path.parent)
+            remove_stale_temp_files(path.parent)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-{os.getpid()}-", suffix=TMP_SUFFIX)
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)
             f.write("\n")

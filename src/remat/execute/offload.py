@@ -18,6 +18,13 @@ entries: it is made by the first offload and removed with the last entry, so not
 disk between steps, whoever keeps the compiled graphs alive (Dynamo's caches do); it is also
 removed when the store is garbage collected and at interpreter exit (weakref.finalize).
 
+A process killed mid-step (SIGKILL, the OOM killer) cannot remove its folder. So each folder is
+named after its owner (``remat-offload-<pid>-...``) and holds a lock file the owner keeps locked
+(``flock``) while the folder lives; the kernel drops the lock when the process dies. The first
+folder a process makes in a directory is preceded by a sweep of that directory
+(:func:`remove_orphans`) that removes the folders whose lock is free; ``remat clean`` sweeps on
+request, older remat's unlocked folders included.
+
 Stores are found by an integer id (FX code cannot carry arbitrary objects as arguments); the
 registry holds them weakly, the lowered GraphModules hold them strongly.
 """
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -36,6 +44,11 @@ from dataclasses import dataclass, field
 
 import numpy
 import torch
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: orphans are found by their owner's pid alone
+    fcntl = None
 
 from ..errors import OffloadError
 
@@ -145,10 +158,10 @@ class OffloadStore:
             self._remove_folder()
 
     def files(self) -> list[str]:
-        """Files now in the store's folder (for tests and diagnostics)."""
+        """Offload files now in the store's folder (for tests and diagnostics; not its lock file)."""
         if self.folder is None or not os.path.isdir(self.folder):
             return []
-        return sorted(os.listdir(self.folder))
+        return sorted(f for f in os.listdir(self.folder) if f != LOCK_FILE)
 
     # ------------------------------------------------------------------ offload / reload
     def offload(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -226,8 +239,8 @@ class OffloadStore:
         with the CRC-32 of each chunk computed beside the write."""
         with self._lock:
             if self.folder is None:
-                self.folder = tempfile.mkdtemp(prefix="remat-offload-", dir=self.dir)
-                self._finalizer = weakref.finalize(self, shutil.rmtree, self.folder, True)
+                self.folder, lock = _make_folder(self.dir)
+                self._finalizer = weakref.finalize(self, _remove_folder, self.folder, lock)
             entry.path = os.path.join(self.folder, f"{key}.bin")
         data = span.cpu().view(torch.uint8).numpy() if entry.extent else b""
         chunks = _chunks(data)
@@ -271,7 +284,7 @@ class OffloadStore:
 
     def _remove_folder(self) -> None:  # under self._lock
         if self._finalizer is not None:
-            self._finalizer()  # shutil.rmtree(folder, ignore_errors=True), once
+            self._finalizer()  # _remove_folder(folder, lock), once
             self._finalizer = None
         self.folder = None
 
@@ -279,6 +292,88 @@ class OffloadStore:
         if device not in self._streams:
             self._streams[device] = torch.cuda.Stream(device)
         return self._streams[device]
+
+
+FOLDER_PREFIX = "remat-offload-"
+LOCK_FILE = ".owner.lock"
+_OWNED = re.compile(re.escape(FOLDER_PREFIX) + r"(\d+)-")
+_SWEPT: set[str] = set()  # directories this process has swept
+_SWEEP_LOCK = threading.Lock()
+
+
+def _make_folder(dir: str | None) -> tuple[str, int | None]:
+    """A new private folder in ``dir`` (default: the temporary directory), named after this process
+    and locked by it, after a sweep of ``dir``'s orphans (once per directory and process)."""
+    base = dir or tempfile.gettempdir()
+    with _SWEEP_LOCK:
+        if base not in _SWEPT:
+            _SWEPT.add(base)
+            remove_orphans(base)
+    folder = tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=base)
+    lock = None
+    if fcntl is not None:
+        try:
+            lock = os.open(os.path.join(folder, LOCK_FILE), os.O_CREAT | os.O_RDWR, 0o600)
+            fcntl.flock(lock, fcntl.LOCK_EX)  # held while the folder lives; dropped by the kernel if we die
+        except OSError:
+            _remove_folder(folder, lock)
+            raise
+    return folder, lock
+
+
+def _remove_folder(folder: str, lock: int | None) -> None:
+    shutil.rmtree(folder, ignore_errors=True)  # before the lock goes: no sweeper sees it unlocked and full
+    if lock is not None:
+        os.close(lock)
+
+
+def _owner_gone(folder: str, name: str, unknown_too: bool) -> bool:
+    """Whether no live process owns ``folder``: its lock file is free, or (no lock file) the pid in
+    its name is not running. A folder of an older remat (no pid, no lock) counts only with
+    ``unknown_too``."""
+    lock_path = os.path.join(folder, LOCK_FILE)
+    if fcntl is not None and os.path.exists(lock_path):
+        try:
+            fd = os.open(lock_path, os.O_RDWR)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True  # free: its owner died (a second sweeper removing it too is harmless)
+        except OSError:
+            return False  # locked: its owner lives (this process's own folders included)
+        finally:
+            os.close(fd)
+    owned = _OWNED.match(name)
+    if owned is None:
+        return unknown_too
+    try:
+        os.kill(int(owned.group(1)), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False  # running (the folder may be in the making: its lock is not there yet)
+
+
+def remove_orphans(dir: str | None = None, *, unknown_too: bool = False) -> list[tuple[str, int]]:
+    """Remove the offload folders in ``dir`` (default: the temporary directory) whose owner process
+    is gone, and, with ``unknown_too``, those of older remat versions whose owner cannot be known.
+    Returns ``(folder, bytes)`` for each folder removed. Folders of live processes are left alone."""
+    base = dir or tempfile.gettempdir()
+    removed = []
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(FOLDER_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        folder = os.path.join(base, name)
+        if os.path.isdir(folder) and not os.path.islink(folder) and _owner_gone(folder, name, unknown_too):
+            size = sum(e.stat().st_size for e in os.scandir(folder) if e.is_file(follow_symlinks=False))
+            shutil.rmtree(folder, ignore_errors=True)
+            if not os.path.exists(folder):
+                removed.append((folder, size))
+    return removed
 
 
 def _extent(t: torch.Tensor) -> int:

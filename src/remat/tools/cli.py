@@ -589,6 +589,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=3)
     demo.set_defaults(func=cmd_demo)
 
+    from .clean import cmd_clean
+
+    clean = sub.add_parser("clean", help="remove offload folders and cache files that killed processes left")
+    clean.add_argument("--offload-dir", default=None, help="where offload folders are (default: the temporary directory)")
+    clean.set_defaults(func=cmd_clean)
+
     plan = sub.add_parser("plan", help="plan one model's training step and print the plan")
     _add_model(plan)
     _add_planning(plan, budget_required=False)
