@@ -507,3 +507,30 @@ def test_a_store_that_cannot_be_measured_plans_with_conservative_costs(monkeypat
         planned = remat.optimize(ex.model, *ex.args, budget=0.6, solver="chen_sqrt", cost_model="unit", cache=False)
     assert calls == ["file"] and planned.plan.graph.meta["transfer"]["d2h_bytes_per_s"] == 10e6
     assert planned.plan.peak_bytes <= planned.plan.budget_bytes
+
+
+def test_offload_files_go_where_offload_dir_or_the_environment_says(tmp_path, monkeypatch):
+    """``offload_dir=`` (else ``$REMAT_OFFLOAD_DIR``) holds the step's offload folder while it runs,
+    empty after; a directory that cannot hold them is an OffloadError naming it, at optimize."""
+    def folders(where):
+        return sorted(where.glob("remat-offload-*"))
+
+    for how, target in (("argument", tmp_path / "chosen dir"), ("environment", tmp_path / "from env")):
+        ex = fresh("mlp", size="small")
+        if how == "argument":
+            module = optimized(ex, solver="test_offload_swaps", cost_model="unit", cache=False, offload_dir=str(target))
+        else:
+            monkeypatch.setenv("REMAT_OFFLOAD_DIR", str(target))
+            module = optimized(ex, solver="test_offload_swaps", cost_model="unit", cache=False)
+        out = module(*ex.args)
+        (folder,) = folders(target)
+        assert len(list(folder.glob("*.bin"))) == module.plan.simulation.offloaded
+        ex.loss(out).backward()
+        del out
+        gc.collect()
+        assert folders(target) == []
+    monkeypatch.delenv("REMAT_OFFLOAD_DIR")
+    (tmp_path / "a file").write_text("not a directory")
+    with pytest.raises(OffloadError, match="offload_dir .*a file"):
+        optimized(fresh("mlp", size="small"), solver="test_offload_swaps", cost_model="unit", cache=False,
+                  offload_dir=str(tmp_path / "a file"))

@@ -189,6 +189,7 @@ def optimize(
     time_limit: float | None = None,
     solver_options: dict | None = None,
     cache: bool = True,
+    offload_dir: str | None = None,
     compiler: str = "eager",
     mode: str | None = None,
     inductor_options: dict | None = None,
@@ -210,6 +211,8 @@ def optimize(
     :class:`~remat.errors.InfeasibleBudgetError` when no plan fits and
     :class:`~remat.errors.CaptureError` when the forward cannot be captured as one graph.
     Plans are kept in the on-disk plan cache (:mod:`remat.solvers.cache`) unless ``cache=False``.
+    ``offload_dir``: where an offloading plan's files go on the CPU (else ``$REMAT_OFFLOAD_DIR``, else
+    the temporary directory); at most ``plan.offload_peak_bytes`` at once, removed as the step ends.
 
     ``compiler``: ``"eager"`` (the default) runs the plan as unfused ATen ops, exactly as planned
     (bitwise gradients, every solver, offloading included); ``"inductor"`` has Inductor compile the
@@ -233,7 +236,7 @@ def optimize(
     if cost_model is None:
         cost_model = INDUCTOR_COST_MODEL if compiler == "inductor" else DEFAULT_COST_MODEL
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
-                   time_limit=time_limit, solver_options=solver_options or {}, cache=cache)
+                   time_limit=time_limit, solver_options=solver_options or {}, cache=cache, offload_dir=offload_dir)
     wrapped = RematModule(model, options, compiler=compiler, mode=mode, inductor_options=inductor_options,
                           compile_kwargs=compile_kwargs)
     with training_step_mode():
@@ -270,6 +273,7 @@ def compile(
     time_limit: float | None = None,
     solver_options: dict | None = None,
     cache: bool = True,
+    offload_dir: str | None = None,
     calibrate: bool = True,
     example_kwargs: dict | None = None,
     **compile_kwargs,
@@ -285,11 +289,13 @@ def compile(
     if not example_args and not example_kwargs:
         _warn_if_not_training(model)
         remat_options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
-                             time_limit=time_limit, solver_options=solver_options or {}, cache=cache)
+                             time_limit=time_limit, solver_options=solver_options or {}, cache=cache,
+                             offload_dir=offload_dir)
         return RematModule(model, remat_options, compiler="inductor", mode=mode, inductor_options=options,
                            compile_kwargs=compile_kwargs)
     wrapped = optimize(model, *example_args, budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
-                       time_limit=time_limit, solver_options=solver_options, cache=cache, compiler="inductor",
+                       time_limit=time_limit, solver_options=solver_options, cache=cache, offload_dir=offload_dir,
+                       compiler="inductor",
                        mode=mode, inductor_options=options, calibrate=calibrate, compile_kwargs=compile_kwargs,
                        **(example_kwargs or {}))
     return wrapped

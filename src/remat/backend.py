@@ -45,7 +45,7 @@ def make_partition_fn(opts: BackendOptions):
         )
         if opts.on_plan is not None:
             opts.on_plan(plan, capture)
-        return lower(capture, plan)
+        return lower(capture, plan, offload_dir=opts.offload_dir)
 
     return partition_fn
 

@@ -40,7 +40,7 @@ from ..capture.joint import Capture, is_batch_norm_with_stats
 from ..errors import InvalidPlanError
 from ..plan import COMPUTE, FREE, OFFLOAD, RELOAD, Plan
 from . import offload as stores
-from .offload import FILE_STORE, PINNED_STORE, OffloadStore
+from .offload import FILE_STORE, PINNED_STORE, OffloadStore, offload_directory
 from .runtime import replay_random, rng_state
 
 
@@ -48,7 +48,8 @@ BATCH_NORM_NO_STATS = torch.ops.aten._native_batch_norm_legit.no_stats
 
 
 class _Lowering:
-    def __init__(self, capture: Capture, plan: Plan, compiled: bool = False, keep_apart=frozenset()):
+    def __init__(self, capture: Capture, plan: Plan, compiled: bool = False, keep_apart=frozenset(),
+                 offload_dir: str | None = None):
         if capture.graph.structural_hash != plan.graph.structural_hash:
             raise InvalidPlanError("the plan was made for a different graph (structural hashes differ)")
         self.cap = capture
@@ -62,8 +63,10 @@ class _Lowering:
         if any(ins.kind in (OFFLOAD, RELOAD) for ins in plan.instructions):
             if compiled:  # the graph names its store by a number: see remat.execute.offload.compiled_store
                 self.store_id, self.store_kind = secrets.randbits(62), offload_store_kind(plan.graph)
+                if offload_dir is not None:
+                    stores.COMPILED_DIRS[self.store_id] = offload_directory(offload_dir)
             else:
-                self.store = OffloadStore(offload_store_kind(plan.graph))
+                self.store = OffloadStore(offload_store_kind(plan.graph), dir=offload_dir)
         self.fake_mode = None
         for n in capture.joint.graph.nodes:
             val = n.meta.get("val")
@@ -357,14 +360,16 @@ def offload_store_kind(graph) -> str:
     return PINNED_STORE if str(graph.meta.get("device", "cpu")).startswith("cuda") else FILE_STORE
 
 
-def lower(capture: Capture, plan: Plan, *, compiled: bool = False,
-          keep_apart=frozenset()) -> tuple[fx.GraphModule, fx.GraphModule]:
+def lower(capture: Capture, plan: Plan, *, compiled: bool = False, keep_apart=frozenset(),
+          offload_dir: str | None = None) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Forward and backward GraphModules that execute ``plan`` (not yet boxed). ``compiled``: the
     graphs are for a compiler (Inductor), which needs registered operators only, so random ops,
     offloads and reloads run through :mod:`remat.execute.compiled_ops` (``remat::offload`` and
     ``remat::reload`` copy synchronously). ``keep_apart``: op ids of ``add``s written as
-    ``sub(x, y, alpha=-1)`` (bitwise ``x + y``), so that Inductor does not fuse an earlier ``mm`` into them (:attr:`remat.inductor.fusion.Fused.deferred_adds`)."""
-    return _Lowering(capture, plan, compiled, keep_apart).lower()
+    ``sub(x, y, alpha=-1)`` (bitwise ``x + y``), so that Inductor does not fuse an earlier ``mm`` into
+    them (:attr:`remat.inductor.fusion.Fused.deferred_adds`). ``offload_dir``: where the file store's
+    folders go (:func:`remat.execute.offload.offload_directory`)."""
+    return _Lowering(capture, plan, compiled, keep_apart, offload_dir).lower()
 
 
 __all__ = ["lower", "offload_store_kind"]

@@ -37,6 +37,7 @@ import re
 import shutil
 import tempfile
 import threading
+import warnings
 import weakref
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -134,16 +135,16 @@ class OffloadStore:
     """
 
     def __init__(self, kind: str = FILE_STORE, dir: str | None = None):
-        """``dir``: where the private folders are made (default: :func:`tempfile.gettempdir`)."""
+        """``dir``: where the private folders are made (see :func:`offload_directory`)."""
         if kind not in (FILE_STORE, PINNED_STORE):
             raise ValueError(f"unknown offload store {kind!r}; use {FILE_STORE!r} or {PINNED_STORE!r}")
         self.kind = kind
+        self.dir = offload_directory(dir) if kind == FILE_STORE else dir
         self.id = next(_STORE_IDS)
         self.entries: dict[int, _Entry] = {}
         self._keys = itertools.count()
         self._lock = threading.RLock()  # a handle finalizer may run (gc) while it is held
         self._streams: dict = {}
-        self.dir = dir
         self.folder: str | None = None  # the private folder, while entries live
         self._finalizer = None
         _STORES[self.id] = self
@@ -294,6 +295,37 @@ class OffloadStore:
         return self._streams[device]
 
 
+OFFLOAD_DIR_ENV = "REMAT_OFFLOAD_DIR"
+COMPILED_DIRS: dict[int, str] = {}  # a compiled graph's store id -> the offload_dir it was lowered with
+_TMPDIR_WARNED: list = []
+
+
+def offload_directory(dir: str | None = None) -> str:
+    """Where the file store makes its folders: ``dir`` (``offload_dir=``), else ``$REMAT_OFFLOAD_DIR``,
+    else the temporary directory (``$TMPDIR``). A directory named is made if missing and must be
+    writable, or :class:`~remat.errors.OffloadError` says so; a ``$TMPDIR`` Python cannot use (it
+    then falls back to another temporary directory) is said in a warning."""
+    source = "offload_dir"
+    if not dir and os.environ.get(OFFLOAD_DIR_ENV, "").strip():
+        dir, source = os.environ[OFFLOAD_DIR_ENV].strip(), f"${OFFLOAD_DIR_ENV}"
+    if dir:
+        try:
+            os.makedirs(dir, exist_ok=True)
+        except OSError as err:
+            raise OffloadError(f"{source} {dir!r} cannot be made ({err.strerror or err}): name a writable "
+                               "directory for the offloaded activations") from err
+        if not (os.path.isdir(dir) and os.access(dir, os.W_OK | os.X_OK)):
+            raise OffloadError(f"{source} {dir!r} is not a writable directory: name one for the offloaded activations")
+        return os.path.abspath(dir)
+    base = tempfile.gettempdir()
+    wanted = os.environ.get("TMPDIR")
+    if wanted and os.path.realpath(wanted) != os.path.realpath(base) and not _TMPDIR_WARNED:
+        _TMPDIR_WARNED.append(True)
+        warnings.warn(f"TMPDIR={wanted!r} is not a writable directory: remat's offload files go to {base} "
+                      f"instead. Set {OFFLOAD_DIR_ENV} (or offload_dir=) to choose where they go.", stacklevel=2)
+    return base
+
+
 FOLDER_PREFIX = "remat-offload-"
 LOCK_FILE = ".owner.lock"
 _OWNED = re.compile(re.escape(FOLDER_PREFIX) + r"(\d+)-")
@@ -412,7 +444,7 @@ def compiled_store(store_id: int, kind: str) -> "OffloadStore":
     empty between steps holds no folder."""
     store = _COMPILED_STORES.get(store_id)
     if store is None:
-        store = _COMPILED_STORES[store_id] = OffloadStore(kind)
+        store = _COMPILED_STORES[store_id] = OffloadStore(kind, dir=COMPILED_DIRS.get(store_id))
     return store
 
 

@@ -64,9 +64,9 @@ def transfer_costs(device: torch.device | str = "cpu", store: str | None = None,
     store = store or default_store(dev)
     key = {**machine.cache_key(dev, _METHOD_VERSION), "store": store}
     if store == "file":
-        import tempfile
+        from .offload import offload_directory
 
-        key["temp_dir"] = tempfile.gettempdir()
+        key["temp_dir"] = offload_directory()  # where the store writes: $REMAT_OFFLOAD_DIR or TMPDIR
     path = machine.cache_dir() / f"transfer-{machine.key_hash(key)}.json"
     with _LOCK:
         if not refresh:

@@ -213,7 +213,8 @@ class RematPartitioner(CustomPartitionerFn):
         if opts.on_plan is not None:
             opts.on_plan(plan, capture)
         expanded = fused.expand(plan)
-        graphs = lower(capture, expanded, compiled=True, keep_apart=fused.deferred_adds)
+        graphs = lower(capture, expanded, compiled=True, keep_apart=fused.deferred_adds,
+                       offload_dir=self.options.offload_dir)
         plan.info["seeded_copies"] = seeded_copies
         plan.info["light_copies"] = light_copies
         plan.info["stored_masks"] = store_random_masks(graphs, expanded, fused)
@@ -284,20 +285,21 @@ class RematPartitioner(CustomPartitionerFn):
             "workspace": o.workspace, "time_limit": o.time_limit,
             "solver_options": repr(sorted((o.solver_options or {}).items())),
             "margin": self.margin_bytes, "remat": code_fingerprint(), "torch": torch.__version__,
+            "offload_dir": o.offload_dir,
         }, sort_keys=True)
         return hashlib.sha256(described.encode()).hexdigest()
 
 
 def partitioner(budget=None, solver: str = "auto", cost_model: Any = INDUCTOR_COST_MODEL, *, workspace: str = "measure",
                 time_limit: float | None = None, solver_options: dict | None = None, cache: bool = True,
-                on_plan=None) -> RematPartitioner:
+                on_plan=None, offload_dir: str | None = None) -> RematPartitioner:
     """A ``CustomPartitionerFn`` for ``torch._inductor.config.custom_partitioner_fn``.
 
     Pass it with :data:`INDUCTOR_CONSTRAINTS` (see :func:`inductor_options`), which the memory model
     relies on. ``budget`` as in :func:`remat.optimize`; it applies to each graph Inductor compiles."""
     options = BackendOptions.from_dict(dict(
         budget=budget, solver=solver, cost_model=cost_model, workspace=workspace, time_limit=time_limit,
-        solver_options=solver_options or {}, cache=cache, on_plan=on_plan,
+        solver_options=solver_options or {}, cache=cache, on_plan=on_plan, offload_dir=offload_dir,
     ))
     return RematPartitioner(options)
 

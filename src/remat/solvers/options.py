@@ -17,7 +17,8 @@ from typing import Any, Callable, Mapping
 from ..budget import parse_budget_text
 from ..cost import DEFAULT_COST_MODEL
 
-OPTION_NAMES = ("budget", "solver", "cost_model", "workspace", "time_limit", "solver_options", "on_plan", "cache")
+OPTION_NAMES = ("budget", "solver", "cost_model", "workspace", "time_limit", "solver_options", "on_plan", "cache",
+                "offload_dir")
 
 
 BUDGET_ENV = "REMAT_BUDGET"
@@ -45,6 +46,7 @@ class BackendOptions:
     solver_options: dict = field(default_factory=dict)
     on_plan: Callable | None = None  # called with (plan, capture) after planning
     cache: bool = True  # read and fill the on-disk plan cache (remat.solvers.cache)
+    offload_dir: str | None = None  # the file store's folders (else $REMAT_OFFLOAD_DIR, else TMPDIR)
 
     @classmethod
     def from_dict(cls, options: dict | None, environ: Mapping[str, str] | None = None) -> "BackendOptions":
