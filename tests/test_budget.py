@@ -133,3 +133,20 @@ def test_pareto_accepts_min_and_reports_fixed_bytes():
     front = remat.pareto(ex.model, *ex.args, solvers=["rotor"], budgets=[1.0, "min"], **ex.kwargs)
     assert front.fixed_bytes == fixed_bytes(front["rotor"][0].graph) < front.store_all_peak
     assert front.budgets[0] == front.store_all_peak and front["rotor"][1] is not None
+
+
+def test_a_budget_string_means_the_same_in_python_and_on_the_command_line():
+    """One parser: ``"0.5"`` is a fraction in Python as in ``--budget 0.5`` and ``REMAT_BUDGET``, a
+    bare number above 1 needs a unit everywhere, and the plan cache keys "0.5" as 0.5."""
+    from remat.budget import parse_budget_text
+    from remat.solvers.cache import _budget_key
+
+    assert resolve_budget("0.5", 1000, 200) == resolve_budget(0.5, 1000, 200) == 600
+    assert resolve_budget(" 1 ", 1000, 200) == 1000 and resolve_budget("123B", 1000, 200) == 123
+    for text in ("1e3", "1000", "0", "-0.5"):
+        with pytest.raises(BudgetError) as in_python:
+            resolve_budget(text, 1000, 200)
+        with pytest.raises(BudgetError) as on_the_command_line:
+            parse_budget_text(text)
+        assert str(in_python.value) == str(on_the_command_line.value)
+    assert _budget_key("0.5") == _budget_key(0.5) and _budget_key("2KiB") == _budget_key(2048)

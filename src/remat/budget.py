@@ -140,12 +140,13 @@ def resolve_budget(budget, store_all_peak: int, fixed: int, *, smallest: Callabl
                 "pass an int for bytes or a string such as '2GiB'"
             )
         return fraction_to_bytes(budget, store_all_peak, fixed)
-    if isinstance(budget, str):
-        if is_min(budget):
+    if isinstance(budget, str):  # read as on the command line: one meaning everywhere
+        value = parse_budget_text(budget)
+        if value == MIN:
             if smallest is None:
                 raise BudgetError("budget='min' is resolved by solving: pass it to remat.optimize, plan or pareto")
             return int(smallest())
-        return parse_size(budget)
+        return resolve_budget(value, store_all_peak, fixed)
     raise BudgetError(f"a budget must be {_HOW}; got a {type(budget).__name__}")
 
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from ..budget import parse_size
+from ..budget import parse_budget_text
 from ..cost import DEFAULT_COST_MODEL
 from ..cost.machine import cache_dir, key_hash, read_json_entry, write_json_atomic
 from ..errors import RematError
@@ -80,12 +80,15 @@ def code_fingerprint() -> str:
 
 
 def _budget_key(budget) -> Any:
-    """Sizes as bytes (``"1KiB"`` and ``1024`` share entries); other budgets as written."""
+    """Budgets as the budget parser reads them: sizes as bytes (``"1KiB"`` and ``1024`` share entries),
+    fractions as fractions (``"0.5"`` and ``0.5``); ``"min"`` and what cannot be read as written."""
     if isinstance(budget, str):
         try:
-            return parse_size(budget)
+            budget = parse_budget_text(budget)
         except RematError:
-            return ["spec", budget.strip().lower()]  # e.g. "min"
+            return ["spec", budget.strip().lower()]
+        if isinstance(budget, str):
+            return ["spec", budget]  # "min"
     if isinstance(budget, float):
         return ["fraction", budget]
     return budget  # int or None (bools and the like: make_plan rejects them)
