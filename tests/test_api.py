@@ -227,3 +227,16 @@ def test_the_users_own_exception_reaches_them_unchanged(error):
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     m(torch.randn(4, 8)).backward()  # still usable
     assert model.lin.weight.grad is not None
+
+
+def test_a_model_on_the_meta_device_is_a_capture_error_that_says_what_to_do():
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2))
+    for call in (lambda: remat.optimize(model, torch.randn(4, 8), budget=0.5),
+                 lambda: remat.plan(model, torch.randn(4, 8), budget=0.5),
+                 lambda: remat.compile(model, budget=0.5)):
+        with pytest.raises(remat.CaptureError, match=r"meta device.*to_empty"):
+            call()
+    real = nn.Linear(8, 2)
+    with pytest.raises(remat.CaptureError, match="the example inputs are on the meta device"):
+        remat.optimize(real, torch.randn(4, 8, device="meta"))

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from .backend import BackendOptions, remat_backend
-from .capture import (Capture, PlanReady, check_unwrapped, detached_copies, no_lasting_effects,
+from .capture import (Capture, PlanReady, check_materialized, check_unwrapped, detached_copies, no_lasting_effects,
                       training_step_mode, unwrap_compile_error, users_own_exception)
 from .cost import DEFAULT_COST_MODEL, INDUCTOR_COST_MODEL
 from .errors import CaptureError, NotTrainingWarning
@@ -233,6 +233,7 @@ def optimize(
             "you train, with gradients enabled; evaluation and inference need no plan.",
             NotTrainingWarning, stacklevel=2,
         )
+    check_materialized(model, example_args, example_kwargs)
     if cost_model is None:
         cost_model = INDUCTOR_COST_MODEL if compiler == "inductor" else DEFAULT_COST_MODEL
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
@@ -288,6 +289,7 @@ def compile(
     """
     if not example_args and not example_kwargs:
         _warn_if_not_training(model)
+        check_materialized(model)
         remat_options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
                              time_limit=time_limit, solver_options=solver_options or {}, cache=cache,
                              offload_dir=offload_dir)
@@ -325,6 +327,7 @@ def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_mode
                      time_limit=None, solver_options=None, cache=True, **example_kwargs) -> tuple[Plan, Capture]:
     """Like :func:`plan`, also returning the :class:`~remat.capture.Capture`."""
     check_unwrapped(model)
+    check_materialized(model, example_args, example_kwargs)
     result: list = []
 
     def stop(plan: Plan, capture: Capture):

@@ -19,9 +19,10 @@ from __future__ import annotations
 import importlib.util
 import sys
 
+import torch
 import torch.nn as nn
 
-from ..errors import UnsupportedWrappingError
+from ..errors import CaptureError, UnsupportedWrappingError
 
 ACCELERATE_NAME = "REMAT"
 
@@ -102,3 +103,20 @@ def check_unwrapped(model: nn.Module) -> None:
 
 
 __all__ = ["register_accelerate_backend", "check_unwrapped", "UnsupportedWrappingError"]
+
+
+def check_materialized(model: nn.Module, args: tuple = (), kwargs: dict | None = None) -> None:
+    """Raise :class:`~remat.errors.CaptureError` when ``model``'s parameters or buffers, or the example
+    inputs, are on the meta device: remat captures, times and measures the real step."""
+    meta = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    inputs = any(isinstance(t, torch.Tensor) and t.is_meta for t in torch.utils._pytree.tree_leaves((args, kwargs)))
+    if not (meta or inputs):
+        return
+    what = (f"its parameters and buffers ({', '.join(meta[:3])}{', ...' if len(meta) > 3 else ''}) are"
+            if meta else "the example inputs are")
+    raise CaptureError(
+        f"remat needs real tensors, but {what} on the meta device: it captures the training step with real "
+        "example inputs, times its ops and measures its memory on the device it will run on. Materialise the "
+        "model first (model.to_empty(device=...) and initialise or load its weights) and pass real inputs "
+        "of the shape you train with."
+    )

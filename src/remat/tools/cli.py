@@ -14,7 +14,7 @@ with ``batch=N``). The current directory is importable.
 
 BUDGET: a bare number in (0, 1] is a fraction (see the README's "Budget"); ``min`` is the
 smallest feasible budget; bytes need a unit (``2GiB``, ``800MB``, ``123B``); ``none`` is no
-limit. Exit status: 0 success, 1 an error (one line on stderr), 2 a usage error or a budget no
+limit. Exit status: 0 success, 1 an error (one line on stderr), 2 a usage error, 3 a budget no
 plan meets (one line naming the smallest feasible budget).
 
 Every step that takes time shows a spinner or progress bar on stderr while it runs (nothing is
@@ -40,7 +40,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INFEASIBLE = 0, 1, 2, 2
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INFEASIBLE = 0, 1, 2, 3
 SIZES = ("tiny", "small", "medium")
 PLOT_SUFFIXES = (".png", ".svg")
 
@@ -580,7 +580,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="remat", description="Fit a PyTorch training step into a memory budget.",
                      epilog="BUDGET: a bare number is a fraction in (0, 1]; bytes need a unit (2GiB); 'min' is the "
-                            "smallest feasible budget.")
+                            "smallest feasible budget. Exit status: 0 done, 1 an error, 2 a usage error, 3 a "
+                            "budget no plan meets.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser("demo", help="train a small GPT-2 at several budgets and measure it")
