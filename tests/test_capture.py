@@ -1,5 +1,6 @@
 """The Graph that capture builds from a real joint graph."""
 
+import pytest
 import torch
 
 import remat
@@ -75,3 +76,23 @@ def test_sizes_are_what_the_devices_allocator_counts():
     assert allocated_bytes(1, "cuda") == 512 and allocated_bytes(513, torch.device("cuda", 1)) == 1024
     assert allocated_bytes(1024, "cuda") == 1024 and allocated_bytes(0, "cuda") == 0
     assert allocated_bytes(513, "cpu") == 513 and allocated_bytes(513, None) == 513
+
+
+def test_a_recurrent_module_is_named_with_what_to_do_instead():
+    """nn.LSTM cannot be captured in one graph (Dynamo refuses it): the error names the module and
+    points to the cell modules, which plan like any layer, not to rewriting control flow."""
+    import remat
+
+    class Tagger(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = torch.nn.LSTM(8, 16, batch_first=True)
+            self.head = torch.nn.Linear(16, 2)
+
+        def forward(self, x):
+            y, _ = self.encoder(x)
+            return self.head(y[:, -1]).sum()
+
+    with pytest.raises(remat.CaptureError, match=r"recurrent modules \(encoder\).*nn\.LSTMCell") as err:
+        remat.optimize(Tagger(), torch.randn(4, 10, 8))
+    assert "control flow" not in str(err.value)

@@ -160,7 +160,7 @@ class RematModule(nn.Module):
                 with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                     return self._remat_compiled(*args, **kwargs)
         except Exception as err:  # surface remat's own errors, not Dynamo's wrapper
-            inner = unwrap_compile_error(err)
+            inner = unwrap_compile_error(err, self._remat_original)
             if isinstance(inner, CaptureError):
                 own = users_own_exception(err, self._remat_original, args, kwargs)
                 if own is not None:  # the model's forward raised: its exception, as plain PyTorch gives it
@@ -342,7 +342,7 @@ def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_mode
         with training_step_mode():
             compiled(*example_args, **example_kwargs)
     except Exception as err:
-        inner = unwrap_compile_error(err)
+        inner = unwrap_compile_error(err, model)
         own = users_own_exception(err, model, example_args, example_kwargs) if isinstance(inner, CaptureError) else None
         if own is not None:  # the model's forward raised: its exception, as plain PyTorch gives it
             raise own from None

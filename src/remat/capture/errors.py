@@ -26,8 +26,9 @@ class PlanReady(Exception):
     """Raised from inside the backend by :func:`remat.plan` to stop once planned, before anything runs."""
 
 
-def unwrap_compile_error(err: BaseException) -> BaseException:
-    """The remat error inside Dynamo's wrapper, or a CaptureError naming the graph break."""
+def unwrap_compile_error(err: BaseException, model=None) -> BaseException:
+    """The remat error inside Dynamo's wrapper, or a CaptureError naming the graph break (and, given
+    the ``model``, the modules that caused it where that is known)."""
     seen = err
     while seen is not None:
         if isinstance(seen, (RematError, PlanReady)):
@@ -35,7 +36,7 @@ def unwrap_compile_error(err: BaseException) -> BaseException:
         seen = getattr(seen, "inner_exception", None) or seen.__cause__
     dynamo_exc = torch._dynamo.exc
     if isinstance(err, (dynamo_exc.Unsupported, dynamo_exc.UserError)):
-        return capture_error(err)
+        return capture_error(err, model)
     return err
 
 
@@ -61,8 +62,24 @@ def user_frame(err: BaseException) -> tuple[str, int, str] | None:
     return None
 
 
-def capture_error(err: BaseException) -> CaptureError:
+_RNN_REFUSED = "Attempted to wrap RNN, GRU, or LSTM"
+
+
+def _recurrent_modules_error(err: BaseException, model) -> CaptureError:
+    names = [n or type(m).__name__ for n, m in model.named_modules() if isinstance(m, torch.nn.RNNBase)] if model else []
+    here = f" ({', '.join(names)})" if names else ""
+    return CaptureError(
+        f"remat cannot capture the model's recurrent modules{here}: Dynamo refuses nn.RNN, nn.GRU and nn.LSTM "
+        "in one graph (its allow_rnn option crashes on torch 2.13's CPU build), so no plan can include them. "
+        "Write the recurrence as a loop over nn.LSTMCell, nn.GRUCell or nn.RNNCell (captured and planned like "
+        "any layer), or optimize the parts before and after the recurrent module separately."
+    )
+
+
+def capture_error(err: BaseException, model=None) -> CaptureError:
     """A CaptureError for Dynamo's graph-break ``err``: what, where (file, line, source) and what to do."""
+    if _RNN_REFUSED in str(err):
+        return _recurrent_modules_error(err, model)
     lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
     reason = lines[0] if lines else type(err).__name__
     where = user_frame(err)
