@@ -218,6 +218,17 @@ STALE_UNOWNED_SECONDS = 24 * 3600  # a temporary file of an older remat (no pid 
 _SWEPT: set = set()
 
 
+def process_running(pid: int) -> bool:
+    """Whether a process ``pid`` runs (one we may not signal counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def remove_stale_temp_files(folder: Path) -> list[tuple[Path, int]]:
     """Remove the temporary files of cache writes that never finished (the writer was killed): those
     whose writer's pid (``.<name>-<pid>-<random>.tmp``) is not running, and those without a pid older
@@ -232,15 +243,9 @@ def remove_stale_temp_files(folder: Path) -> list[tuple[Path, int]]:
         pid = int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else None
         try:
             stat = entry.stat(follow_symlinks=False)
-            if pid is not None:
-                try:
-                    os.kill(pid, 0)
-                    continue  # its writer runs
-                except ProcessLookupError:
-                    pass
-                except OSError:
-                    continue
-            elif time.time() - stat.st_mtime < STALE_UNOWNED_SECONDS:
+            if pid is not None and process_running(pid):
+                continue  # its writer runs
+            if pid is None and time.time() - stat.st_mtime < STALE_UNOWNED_SECONDS:
                 continue
             os.unlink(entry.path)
             removed.append((Path(entry.path), stat.st_size))

@@ -51,6 +51,7 @@ try:
 except ImportError:  # not POSIX: orphans are found by their owner's pid alone
     fcntl = None
 
+from ..cost.machine import process_running
 from ..errors import OffloadError
 
 FILE_STORE = "file"
@@ -178,11 +179,11 @@ class OffloadStore:
                 self._write(key, entry, span)
             except OSError as err:  # disk full, read-only folder ...: no partial file, the store usable
                 self._discard(key)
-                where = entry.path or f"a new folder in {self.dir or tempfile.gettempdir()}"
+                where = entry.path or f"a new folder in {self.dir}"
                 raise OffloadError(
                     f"remat could not offload {entry.nbytes} bytes to {where}: {err.strerror or err}. "
-                    "Free space there, or move the offload files elsewhere (TMPDIR); the step was stopped "
-                    "and its files removed, and the next step can run"
+                    f"Free space there, or move the offload files elsewhere (offload_dir=, {OFFLOAD_DIR_ENV}); "
+                    "the step was stopped and its files removed, and the next step can run"
                 ) from err
         else:
             stream = self._side_stream(t.device)
@@ -333,10 +334,9 @@ _SWEPT: set[str] = set()  # directories this process has swept
 _SWEEP_LOCK = threading.Lock()
 
 
-def _make_folder(dir: str | None) -> tuple[str, int | None]:
-    """A new private folder in ``dir`` (default: the temporary directory), named after this process
-    and locked by it, after a sweep of ``dir``'s orphans (once per directory and process)."""
-    base = dir or tempfile.gettempdir()
+def _make_folder(base: str) -> tuple[str, int | None]:
+    """A new private folder in ``base``, named after this process and locked by it, after a sweep of
+    ``base``'s orphans (once per directory and process)."""
     with _SWEEP_LOCK:
         if base not in _SWEPT:
             _SWEPT.add(base)
@@ -379,20 +379,14 @@ def _owner_gone(folder: str, name: str, unknown_too: bool) -> bool:
     owned = _OWNED.match(name)
     if owned is None:
         return unknown_too
-    try:
-        os.kill(int(owned.group(1)), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False
-    return False  # running (the folder may be in the making: its lock is not there yet)
+    return not process_running(int(owned.group(1)))  # running: the folder may be in the making
 
 
 def remove_orphans(dir: str | None = None, *, unknown_too: bool = False) -> list[tuple[str, int]]:
-    """Remove the offload folders in ``dir`` (default: the temporary directory) whose owner process
-    is gone, and, with ``unknown_too``, those of older remat versions whose owner cannot be known.
-    Returns ``(folder, bytes)`` for each folder removed. Folders of live processes are left alone."""
-    base = dir or tempfile.gettempdir()
+    """Remove the offload folders in ``dir`` (default: where stores write, :func:`offload_directory`)
+    whose owner process is gone, and, with ``unknown_too``, those of older remat versions whose owner
+    cannot be known. Returns ``(folder, bytes)`` for each folder removed. Live processes' folders stay."""
+    base = dir or offload_directory()
     removed = []
     try:
         names = [n for n in os.listdir(base) if n.startswith(FOLDER_PREFIX)]

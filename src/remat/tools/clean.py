@@ -20,8 +20,9 @@ from ..solvers.cache import plan_cache_dir
 
 
 def clean(offload_dir: str | None = None) -> list[tuple[str, int]]:
-    """Remove the orphaned offload folders in ``offload_dir`` (default: the temporary directory),
-    older remat's included, and the stale temporary files of remat's caches; ``(path, bytes)`` each."""
+    """Remove the orphaned offload folders in ``offload_dir`` (default: ``$REMAT_OFFLOAD_DIR``, else the
+    temporary directory), older remat's included, and the stale temporary files of remat's caches;
+    ``(path, bytes)`` for each."""
     removed = [(str(p), n) for p, n in remove_orphans(offload_dir, unknown_too=True)]
     for folder in dict.fromkeys([cache_dir(), plan_cache_dir()]):
         removed += [(str(p), n) for p, n in remove_stale_temp_files(Path(folder))]

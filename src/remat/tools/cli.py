@@ -593,7 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .clean import cmd_clean
 
     clean = sub.add_parser("clean", help="remove offload folders and cache files that killed processes left")
-    clean.add_argument("--offload-dir", default=None, help="where offload folders are (default: the temporary directory)")
+    clean.add_argument("--offload-dir", default=None, help="where offload folders are (default: $REMAT_OFFLOAD_DIR, else the temporary directory)")
     clean.set_defaults(func=cmd_clean)
 
     plan = sub.add_parser("plan", help="plan one model's training step and print the plan")
