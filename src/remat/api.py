@@ -190,6 +190,7 @@ def optimize(
     solver_options: dict | None = None,
     cache: bool = True,
     offload_dir: str | None = None,
+    plan: Plan | str | None = None,
     compiler: str = "eager",
     mode: str | None = None,
     inductor_options: dict | None = None,
@@ -213,6 +214,10 @@ def optimize(
     Plans are kept in the on-disk plan cache (:mod:`remat.solvers.cache`) unless ``cache=False``.
     ``offload_dir``: where an offloading plan's files go on the CPU (else ``$REMAT_OFFLOAD_DIR``, else
     the temporary directory); at most ``plan.offload_peak_bytes`` at once, removed as the step ends.
+    ``plan``: run this plan (a :class:`~remat.plan.Plan`, or the path of one saved with
+    :meth:`~remat.plan.Plan.save`) instead of planning; it is checked on the captured graph before
+    anything runs (:class:`~remat.plan.PlanGraphMismatchError` if it was made for another model,
+    shape or dtype; :class:`~remat.errors.InvalidPlanError` if it peaks above a given budget).
 
     ``compiler``: ``"eager"`` (the default) runs the plan as unfused ATen ops, exactly as planned
     (bitwise gradients, every solver, offloading included); ``"inductor"`` has Inductor compile the
@@ -237,7 +242,8 @@ def optimize(
     if cost_model is None:
         cost_model = INDUCTOR_COST_MODEL if compiler == "inductor" else DEFAULT_COST_MODEL
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
-                   time_limit=time_limit, solver_options=solver_options or {}, cache=cache, offload_dir=offload_dir)
+                   time_limit=time_limit, solver_options=solver_options or {}, cache=cache, offload_dir=offload_dir,
+                   plan=plan)
     wrapped = RematModule(model, options, compiler=compiler, mode=mode, inductor_options=inductor_options,
                           compile_kwargs=compile_kwargs)
     with training_step_mode():
@@ -246,7 +252,7 @@ def optimize(
             wrapped(*args, **kwargs)
     if wrapped.plan is None:
         raise CaptureError(_NO_TRAINING_GRAPH)
-    if compiler == "inductor" and calibrate:
+    if compiler == "inductor" and calibrate and plan is None:  # a given plan is run as it is
         _calibrate(wrapped, example_args, example_kwargs)
     return wrapped
 

@@ -23,6 +23,7 @@ from .execute.lowering import lower
 from .execute.runtime import boxed
 from .execute.transfer import make_transfer_meta
 from .solvers.cache import plan_with_cache
+from .solvers.planner import given_plan
 from .solvers.options import BUDGET_ENV, OPTION_NAMES, SOLVER_ENV, BackendOptions
 
 def _compile_boxed(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphModule:
@@ -39,10 +40,13 @@ def make_partition_fn(opts: BackendOptions):
             workspace_fn=make_workspace_fn(opts.workspace),
             transfer=make_transfer_meta(device) if _may_offload(opts) else None,
         )
-        plan = plan_with_cache(
-            capture.graph, opts.budget, opts.solver, time_limit=opts.time_limit,
-            solver_options=opts.solver_options, cost_model=opts.cost_model, cache=opts.cache,
-        )
+        if opts.plan is not None:  # the user's own plan, checked on this graph before it runs
+            plan = given_plan(capture.graph, opts.plan, opts.budget)
+        else:
+            plan = plan_with_cache(
+                capture.graph, opts.budget, opts.solver, time_limit=opts.time_limit,
+                solver_options=opts.solver_options, cost_model=opts.cost_model, cache=opts.cache,
+            )
         if opts.on_plan is not None:
             opts.on_plan(plan, capture)
         return lower(capture, plan, offload_dir=opts.offload_dir)

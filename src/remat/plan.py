@@ -236,6 +236,19 @@ class Plan:
             raise ValueError(f"unknown plot kind {kind!r}; choose {choices}")
         return PLOT_KINDS[kind](self, path, **kwargs)
 
+    def for_graph(self, graph: Graph, source: str = "the plan") -> "Plan":
+        """This plan over ``graph``, checked before it runs: ``graph`` must have the structural hash
+        of the plan's own graph (else :class:`PlanGraphMismatchError`: another model, input shape
+        or dtype), and the plan is simulated again over ``graph`` (its costs, its meta), so a plan
+        read with :meth:`load` and no graph is checked at its first use. ``source`` names the plan
+        in the error."""
+        if graph is self.graph:
+            return self
+        if graph.structural_hash != self.graph.structural_hash:
+            raise PlanGraphMismatchError(source, self.graph.structural_hash, graph)
+        return type(self)(graph, self.instructions, self.boundary, self.budget_bytes, self.solver,
+                          self.solve_seconds, dict(self.info))
+
     # ------------------------------------------------------------ persistence
     def to_dict(self, include_graph: bool = True) -> dict:
         """The plan as JSON-ready data. It names the graph's :attr:`~remat.graph.Graph.structural_hash`
@@ -270,7 +283,8 @@ class Plan:
 
         With ``graph`` (e.g. ``remat.plan(...).graph`` of the model at hand), the plan is checked
         to be for that graph (same structural hash, else :class:`PlanGraphMismatchError`) and is
-        returned over it. A file that cannot be read or is not a valid plan raises
+        returned over it; without, it runs over the graph the file holds, and is checked against
+        the model's own graph where it is used (``remat.optimize(model, x, plan=...)``, :meth:`for_graph`). A file that cannot be read or is not a valid plan raises
         :class:`~remat.errors.InvalidPlanError` naming the path and the reason.
         """
         try:

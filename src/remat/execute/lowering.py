@@ -38,7 +38,7 @@ import torch.fx as fx
 
 from ..capture.joint import Capture, is_batch_norm_with_stats
 from ..errors import InvalidPlanError
-from ..plan import COMPUTE, FREE, OFFLOAD, RELOAD, Plan
+from ..plan import COMPUTE, FREE, OFFLOAD, RELOAD, Plan, PlanGraphMismatchError
 from . import offload as stores
 from .offload import FILE_STORE, PINNED_STORE, OffloadStore, offload_directory
 from .runtime import replay_random, rng_state
@@ -51,7 +51,7 @@ class _Lowering:
     def __init__(self, capture: Capture, plan: Plan, compiled: bool = False, keep_apart=frozenset(),
                  offload_dir: str | None = None):
         if capture.graph.structural_hash != plan.graph.structural_hash:
-            raise InvalidPlanError("the plan was made for a different graph (structural hashes differ)")
+            raise PlanGraphMismatchError("the plan", plan.graph.structural_hash, capture.graph)
         self.cap = capture
         self.plan = plan
         self.compiled = compiled  # for a compiler: random ops and offloads through registered operators

@@ -93,7 +93,7 @@ from ..execute.lowering import lower
 from ..execute.transfer import make_transfer_meta
 from ..solvers.cache import code_fingerprint, plan_with_cache
 from ..solvers.options import BackendOptions
-from ..solvers.planner import is_min, resolve, store_all_plan, uses_swaps
+from ..solvers.planner import given_plan, is_min, resolve, store_all_plan, uses_swaps
 from .cost import InductorCostModel
 from .fusion import (Fused, draw_random_per_reader, fuse,
                      recompute_light_values_per_reader)
@@ -201,13 +201,13 @@ class RematPartitioner(CustomPartitionerFn):
         try:
             plan = self._plan(fused)
         except InfeasibleBudgetError:
-            if opts.solver != "auto" or uses_swaps(fused.graph):
+            if opts.solver != "auto" or uses_swaps(fused.graph) or opts.plan is not None:
                 raise
             # below what recomputation reaches: auto offloads too (its error then names that minimum)
             fused = with_transfer_costs(fused, compiled_transfer_meta(device))
             plan = self._plan(fused, reuse_rounds=OFFLOAD_TRY_REUSE_ROUNDS)
         else:
-            if opts.solver == "auto" and not uses_swaps(fused.graph):
+            if opts.solver == "auto" and not uses_swaps(fused.graph) and opts.plan is None:
                 fused, plan = self._offload_if_much_cheaper(fused, plan, device)
         self.last_plan = plan
         if opts.on_plan is not None:
@@ -230,6 +230,11 @@ class RematPartitioner(CustomPartitionerFn):
         self.last_budget_bytes = budget_bytes
         if budget_bytes is not None and self.margin_bytes:
             budget = max(0, budget_bytes - self.margin_bytes)
+
+        if opts.plan is not None:  # the user's own plan (made by remat.compile), checked on this graph
+            plan = given_plan(fused.graph, opts.plan, budget)
+            plan.info["compiler"] = "inductor"
+            return plan
 
         def make(planning_budget):
             return plan_with_cache(

@@ -18,7 +18,7 @@ from ..budget import parse_budget_text
 from ..cost import DEFAULT_COST_MODEL
 
 OPTION_NAMES = ("budget", "solver", "cost_model", "workspace", "time_limit", "solver_options", "on_plan", "cache",
-                "offload_dir")
+                "offload_dir", "plan")
 
 
 BUDGET_ENV = "REMAT_BUDGET"
@@ -47,6 +47,7 @@ class BackendOptions:
     on_plan: Callable | None = None  # called with (plan, capture) after planning
     cache: bool = True  # read and fill the on-disk plan cache (remat.solvers.cache)
     offload_dir: str | None = None  # the file store's folders (else $REMAT_OFFLOAD_DIR, else TMPDIR)
+    plan: Any = None  # run this Plan (or saved plan file) instead of planning; checked on the live graph
 
     @classmethod
     def from_dict(cls, options: dict | None, environ: Mapping[str, str] | None = None) -> "BackendOptions":

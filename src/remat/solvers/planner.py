@@ -40,7 +40,7 @@ import copy
 import time
 
 from ..budget import bytes_to_fraction, fixed_bytes, is_min, resolve_budget
-from ..errors import InfeasibleBudgetError, SolverError
+from ..errors import InfeasibleBudgetError, InvalidPlanError, SolverError, format_bytes
 from ..graph import Graph, forget_memos
 from ..plan import Plan
 from ..simulate import has_transfer_costs
@@ -167,6 +167,26 @@ def resolve(graph: Graph, budget, solver: str = "auto", *, time_limit: float | N
         budget, store_all_plan(graph).peak_bytes, fixed_bytes(graph),
         smallest=lambda: smallest_plan(graph, solver, time_limit=time_limit, **options).peak_bytes,
     )
+
+
+def given_plan(graph: Graph, plan, budget=None) -> Plan:
+    """The plan a user passed (a :class:`Plan`, or the path of one saved with :meth:`Plan.save`),
+    checked over the live ``graph`` before anything runs: made for this graph (else
+    :class:`~remat.plan.PlanGraphMismatchError`), valid on it (re-simulated), and, when ``budget``
+    is given, peaking within it on this graph (else :class:`InvalidPlanError` naming both)."""
+    source = "the plan passed as plan="
+    if not isinstance(plan, Plan):
+        source = f"the plan file {plan}"
+        plan = Plan.load(plan)
+    plan = copy.copy(plan.for_graph(graph, source=source))
+    plan.info = {**plan.info, "given": True}
+    budget_bytes = resolve(graph, budget) if budget is not None and not is_min(budget) else None
+    if budget_bytes is not None and plan.peak_bytes > budget_bytes:
+        raise InvalidPlanError(
+            f"{source} peaks at {format_bytes(plan.peak_bytes)} ({plan.peak_bytes} bytes) on this graph, above the "
+            f"budget of {format_bytes(budget_bytes)} ({budget_bytes} bytes): leave the budget out to run it as "
+            "it is, raise the budget to its peak, or leave plan= out to plan for this budget")
+    return plan
 
 
 def _fits(plan: Plan | None, budget_bytes) -> bool:
@@ -313,5 +333,5 @@ def _infeasible(graph: Graph, budget_bytes: int, smallest: Plan, solver: str, fr
     )
 
 
-__all__ = ["make_plan", "resolve", "smallest_plan", "recomputation_plan", "uses_swaps", "solver_minimum", "store_all_plan", "auto_candidates",
+__all__ = ["make_plan", "given_plan", "resolve", "smallest_plan", "recomputation_plan", "uses_swaps", "solver_minimum", "store_all_plan", "auto_candidates",
            "auto_solvers", "clear_caches", "is_min"]
