@@ -112,3 +112,70 @@ def test_temporary_files_of_killed_cache_writes_are_removed(tmp_path):
     os.utime(old, (time.time() - 2 * 86400,) * 2)
     removed = {p for p, _ in remove_stale_temp_files(tmp_path)}
     assert removed == {killed, old} and writing.exists() and recent.exists()
+
+
+# The child mounts a file system (a tmpfs in a user and mount namespace of its own: no
+# privileges needed where the kernel allows unprivileged user namespaces) as REMAT_OFFLOAD_DIR,
+# plans, shrinks it to 4 KiB, runs a planned step that offloads more than that, then gives the
+# disk room again and steps on.
+_SMALL_DISK_CHILD = textwrap.dedent("""
+    import os, subprocess, sys, warnings
+    sys.path.insert(0, {src!r})
+    sys.path.insert(0, {root!r})
+    disk = {disk!r}
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", disk], check=True)
+    os.environ["REMAT_OFFLOAD_DIR"] = disk
+    warnings.simplefilter("ignore")
+    import copy, torch, remat
+    from remat import models
+    from remat.errors import OffloadError
+    import tests.test_offload  # noqa: F401  (registers its solver "test_offload_swaps")
+
+    ex = models.build("mlp", size="small")
+    eager = copy.deepcopy(ex.model)
+    ex.loss(eager(*ex.args)).backward()
+    m = remat.optimize(ex.model, *ex.args, solver="test_offload_swaps", cost_model="unit", cache=False)
+    print("offload peak", m.plan.offload_peak_bytes, flush=True)
+    subprocess.run(["mount", "-o", "remount,size=4k", disk], check=True)  # now the disk fills up
+    try:
+        ex.loss(m(*ex.args)).backward()
+        print("no error", flush=True)
+    except OffloadError as err:
+        print("OffloadError:", str(err).replace(chr(10), " "), flush=True)
+    print("left on the disk:", sorted(os.listdir(disk)), flush=True)
+    subprocess.run(["mount", "-o", "remount,size=64m", disk], check=True)
+    ex.model.zero_grad(set_to_none=True)
+    ex.loss(m(*ex.args)).backward()
+    same = all(torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+               for a, b in zip(ex.model.parameters(), eager.parameters()))
+    print("next step same gradients:", same, "left:", sorted(os.listdir(disk)), flush=True)
+""")
+
+
+def _can_mount_tmpfs(tmp_path: Path) -> bool:
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    try:
+        done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "mount", "-t", "tmpfs",
+                               "-o", "size=4k", "tmpfs", str(probe)], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def test_a_full_disk_under_a_planned_step_is_an_offload_error_and_the_next_step_runs(tmp_path):
+    """A real small file system, not a mock: the write that finds it full raises OffloadError naming
+    the file and the bytes, nothing is left on it, and once it has room the same module steps on."""
+    if not _can_mount_tmpfs(tmp_path):
+        pytest.skip("this machine does not let an unprivileged user mount a tmpfs (unshare --user --mount)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = _SMALL_DISK_CHILD.format(src=SRC, root=str(Path(__file__).resolve().parent.parent), disk=str(disk))
+    done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", sys.executable, "-c", script],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert int(lines[0].split()[-1]) > 4096, "the plan must offload more than the disk holds"
+    assert lines[1].startswith("OffloadError:") and "No space left on device" in lines[1] and "bytes to" in lines[1]
+    assert lines[2] == "left on the disk: []"
+    assert lines[3] == "next step same gradients: True left: []"
