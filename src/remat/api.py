@@ -79,7 +79,7 @@ def _entry_point(model: nn.Module):
 
 
 def _compile(model: nn.Module, options: dict):
-    return torch.compile(_entry_point(model), backend=remat_backend, options=options, fullgraph=True, dynamic=False)
+    return torch.compile(_entry_point(model), backend=remat_backend, options=options, fullgraph=True)
 
 
 class _WeakCallback:
@@ -119,6 +119,8 @@ class RematModule(nn.Module):
         # weakly: torch.compile keeps every backend (and so these options) until torch._dynamo.reset(),
         # which would keep this module, and the model's parameters, alive for the life of the process
         options["on_plan"] = _WeakCallback(self._record)
+        options["on_run"] = _WeakCallback(self._ran)
+        self._remat_last_run: Plan | None = None
         self._remat_compiler = compiler
         object.__setattr__(self, "_remat_partitioner", None)
         if compiler == "inductor":
@@ -139,10 +141,25 @@ class RematModule(nn.Module):
 
     def _record(self, plan: Plan, capture: Capture) -> None:
         self._remat_plans.append(plan)  # not the capture: it holds fake tensors (no deepcopy)
+        self._remat_last_run = None
+
+    def _ran(self, plan: Plan) -> None:
+        self._remat_last_run = plan
 
     @property
     def plan(self) -> Plan | None:
+        """The plan of the step that ran last (for a step captured with dynamic sizes, that of the
+        size bucket it ran in: ``plan.info["bucket"]`` names the bucket's edges); before any step,
+        the plan made last."""
+        if self._remat_last_run is not None:
+            return self._remat_last_run
         return self._remat_plans[-1] if self._remat_plans else None
+
+    @property
+    def plans(self) -> list[Plan]:
+        """Every plan made so far, in order: one per capture of a static shape and one per size bucket
+        of a capture with dynamic sizes (``plan.info["bucket"]``: ``{size symbol: bucket edge}``)."""
+        return list(self._remat_plans)
 
     @property
     def original(self) -> nn.Module:

@@ -16,14 +16,18 @@ import torch
 from torch._dynamo import register_backend
 from torch._dynamo.backends.common import aot_autograd
 
+from .budget import is_fraction
 from .capture import capture_joint, joint_device
+from .capture.shapes import is_dynamic
 from .cost import make_cost_fn, make_workspace_fn
 from .errors import RematError, through_dynamo
+from .execute.buckets import BucketedStep, dispatching_graphs
 from .execute.lowering import lower
 from .execute.runtime import boxed
 from .execute.transfer import make_transfer_meta
 from .solvers.cache import plan_with_cache
-from .solvers.planner import given_plan
+from .solvers.planner import given_plan, resolve
+from .solvers.warm import warm_plan
 from .solvers.options import BUDGET_ENV, OPTION_NAMES, SOLVER_ENV, BackendOptions
 
 def _compile_boxed(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphModule:
@@ -31,27 +35,74 @@ def _compile_boxed(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphMo
 
 
 def make_partition_fn(opts: BackendOptions):
-    def partition_fn(joint, joint_inputs, *, num_fwd_outputs, **_ignored):
+    def capture(joint, num_fwd_outputs):
         device = joint_device(joint)
-        capture = capture_joint(
+        return capture_joint(
             joint,
             num_fwd_outputs,
             cost_fn=make_cost_fn(opts.cost_model, device),
             workspace_fn=make_workspace_fn(opts.workspace),
             transfer=make_transfer_meta(device) if _may_offload(opts) else None,
         )
+
+    def plan(graph, budget):
         if opts.plan is not None:  # the user's own plan, checked on this graph before it runs
-            plan = given_plan(capture.graph, opts.plan, opts.budget)
-        else:
-            plan = plan_with_cache(
-                capture.graph, opts.budget, opts.solver, time_limit=opts.time_limit,
-                solver_options=opts.solver_options, cost_model=opts.cost_model, cache=opts.cache,
-            )
+            return given_plan(graph, opts.plan, budget)
+        return plan_with_cache(graph, budget, opts.solver, time_limit=opts.time_limit,
+                               solver_options=opts.solver_options, cost_model=opts.cost_model, cache=opts.cache)
+
+    def partition_fn(joint, joint_inputs, *, num_fwd_outputs, **_ignored):
+        if is_dynamic(joint):  # captured once for every size: a plan per bucket, made when first met
+            return _bucketed(joint, num_fwd_outputs, capture, plan, opts)
+        captured = capture(joint, num_fwd_outputs)
+        planned = plan(captured.graph, opts.budget)
         if opts.on_plan is not None:
-            opts.on_plan(plan, capture)
-        return lower(capture, plan, offload_dir=opts.offload_dir)
+            opts.on_plan(planned, captured)
+        return lower(captured, planned, offload_dir=opts.offload_dir)
 
     return partition_fn
+
+
+def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions):
+    """The dispatching forward and backward graphs of a joint graph with symbolic sizes
+    (:mod:`remat.execute.buckets`).
+
+    The largest bucket met so far is planned in full (``plan``); a smaller one warm-starts from the
+    plans made so far (:func:`remat.solvers.warm.warm_plan`, when the solver is ``auto``). A fraction
+    budget is of the largest bucket planned so far: its bytes, resolved on that bucket's graph, hold
+    at every smaller bucket too."""
+    state: dict = {"size": 0, "bytes": None, "plans": []}
+
+    def plan_bucket(concrete, key):
+        size = 1
+        for _name, edge in key:
+            size *= edge
+        captured = capture(concrete, num_fwd_outputs)
+        largest = size >= state["size"]
+        budget = opts.budget
+        if is_fraction(budget):
+            if largest:
+                state["bytes"] = resolve(captured.graph, budget)
+            budget = state["bytes"]
+        if largest or opts.solver != "auto" or opts.plan is not None:
+            planned = plan(captured.graph, budget)
+        else:
+            planned = warm_plan(captured.graph, budget, state["plans"], time_limit=opts.time_limit,
+                                **opts.solver_options)
+        state["size"] = max(state["size"], size)
+        state["plans"].append(planned)
+        if opts.on_plan is not None:
+            opts.on_plan(planned, captured)
+        return captured, planned
+
+    step = BucketedStep(joint, num_fwd_outputs, plan_bucket,
+                        lambda captured, planned: lower(captured, planned, offload_dir=opts.offload_dir),
+                        edges=tuple(sorted(opts.buckets)) if opts.buckets else None, on_run=opts.on_run)
+    outputs = list(joint.graph.find_nodes(op="output")[0].args[0])
+    placeholders = list(joint.graph.find_nodes(op="placeholder"))
+    tangents = [p for p in placeholders if str(p.target).startswith("tangents")]
+    primals = [p for p in placeholders if not str(p.target).startswith("tangents")]
+    return dispatching_graphs(step, outputs[:num_fwd_outputs], primals, tangents, outputs[num_fwd_outputs:])
 
 
 def _may_offload(opts: BackendOptions) -> bool:

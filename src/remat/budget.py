@@ -107,6 +107,13 @@ def is_min(budget) -> bool:
     return isinstance(budget, str) and budget.strip().lower() == MIN
 
 
+def is_fraction(budget) -> bool:
+    """Whether ``budget`` is a fraction (a float, or a string such as ``"0.5"``), resolved per graph."""
+    if isinstance(budget, str) and not is_min(budget):
+        budget = parse_budget_text(budget)
+    return isinstance(budget, float)
+
+
 def fixed_bytes(graph: Graph) -> int:
     """The bytes no plan can change: every plan ends the step holding them.
 

@@ -59,6 +59,13 @@ class Capture:
     extra: dict = field(default_factory=dict)
     # (primal placeholder, FX node of its new value): written back when the forward ends
     input_mutations: list = field(default_factory=list)
+    # ops computing sizes, not tensors (``s0 * 768`` in a graph captured with dynamic shapes)
+    shape_nodes: set = field(default_factory=set)
+
+
+def is_size_value(val) -> bool:
+    """Whether an FX node's value is a size (a number or symbolic number), not a tensor."""
+    return isinstance(val, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 def _storage_key(val) -> int | None:
@@ -210,8 +217,8 @@ def capture_joint(
             isinstance(val, torch.Tensor) and any(not isinstance(d, int) for d in val.shape)
         ):
             raise CaptureError(
-                f"remat plans graphs of static shapes, but input {n.name} has a symbolic shape or is a "
-                "symbolic int: compile with torch.compile(..., dynamic=False) (remat.optimize does)"
+                f"remat plans concrete graphs, but input {n.name} has a symbolic shape: make the joint graph "
+                "concrete first (remat.capture.shapes.concrete_joint, as the backend does per bucket)"
             )
         nbytes = _storage_bytes(val) if isinstance(val, torch.Tensor) else 0
         shape, dtype = meta_of(val) if isinstance(val, torch.Tensor) else ((), "")
@@ -253,10 +260,14 @@ def capture_joint(
         if n.target is operator.getitem and isinstance(n.args[0], fx.Node):
             pending_getitems.setdefault(n.args[0], []).append(n)
 
+    shape_nodes: set[fx.Node] = set()
     for n in ordered:
         if n.target is operator.getitem:
             continue  # handled with its parent
         val = n.meta.get("val")
+        if is_size_value(val):  # arithmetic on sizes (s0 * 768): no memory, lowered where read
+            shape_nodes.add(n)
+            continue
         phase = FORWARD if n in forward else BACKWARD
         if isinstance(val, torch.Tensor):
             devices.add(val.device)
@@ -374,5 +385,6 @@ def capture_joint(
         fwd_outputs=fwd_outputs,
         bwd_outputs=bwd_outputs,
         input_mutations=input_mutations,
+        shape_nodes=shape_nodes,
     )
 

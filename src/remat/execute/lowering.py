@@ -83,6 +83,7 @@ class _Lowering:
         self.handles: dict[int, fx.Node] = {}  # offloaded value id -> its handle
         self.unwaited: dict[int, fx.Node] = {}  # reloaded value id -> handle, until a read waits for it
         self.last_state: fx.Node | None = None  # compiled: the latest first run's generator state
+        self.shape_copies: dict[fx.Node, fx.Node] = {}  # size node of the joint graph -> its copy
 
     def _resolve(self, arg: fx.Node) -> fx.Node:
         cap = self.cap
@@ -101,6 +102,13 @@ class _Lowering:
                 waited.meta.update(self.current[vid].meta)
                 self.current[vid] = waited
             return self.current[vid]
+        if arg in cap.shape_nodes:  # a size (s0 * 768): computed once per graph, where first read
+            copy = self.shape_copies.get(arg)
+            if copy is None and self.graph is self.bwd and arg in self.fwd_shape_copies:
+                copy = self.shape_copies[arg] = self._demand_saved(("size", arg))  # read off a forward tensor
+            if copy is None:
+                copy = self.shape_copies[arg] = self.graph.node_copy(arg, self._resolve)
+            return copy
         if arg in cap.alias_base:
             copies = self.alias_copies.setdefault(cap.alias_base[arg], {})
             copy = copies.get(arg)
@@ -109,6 +117,31 @@ class _Lowering:
                 copies[arg] = copy
             return copy
         raise InvalidPlanError(f"cannot lower a read of {arg.name}: it is neither a value nor an alias")
+
+    def _available(self, arg: fx.Node) -> bool:
+        cap = self.cap
+        if arg in cap.value_id:
+            return arg.op == "get_attr" or cap.value_id[arg] in self.current
+        if arg in cap.alias_base:
+            return cap.alias_base[arg] in self.current
+        if arg in cap.shape_nodes:
+            return arg in self.shape_copies or all(self._available(a) for a in arg.all_input_nodes)
+        return False
+
+    def _size_reads_tensor(self, node: fx.Node) -> bool:
+        return any(a not in self.cap.shape_nodes and not isinstance(a.meta.get("val"), (int, torch.SymInt))
+                   for a in node.all_input_nodes)
+
+    def _emit_ready_sizes(self):
+        """In the forward: copy each size read off a tensor (``sym_size(x, 1)``) as soon as its
+        tensors exist, so that the backward takes the number, not the tensor (which may be gone)."""
+        still = []
+        for node in self.pending_sizes:
+            if all(self._available(a) for a in node.all_input_nodes):
+                self._resolve(node)
+            else:
+                still.append(node)
+        self.pending_sizes = still
 
     def _forget_aliases_of(self, vid: int):
         self.alias_copies.pop(vid, None)
@@ -138,7 +171,9 @@ class _Lowering:
             raise InvalidPlanError(f"the forward reads {self._key_name(key)} before computing it")
         if key in self.saved_placeholder:
             return self.saved_placeholder[key]
-        if key[0] == "value":
+        if key[0] == "size":
+            src = self.fwd_shape_copies[key[1]]
+        elif key[0] == "value":
             vid = key[1]
             if vid not in self.fwd_current:
                 raise InvalidPlanError(
@@ -158,6 +193,8 @@ class _Lowering:
         return ph
 
     def _key_name(self, key) -> str:
+        if key[0] == "size":
+            return f"size_{key[1].name}"
         if key[0] == "value":
             return self.plan.graph.values[key[1]].name
         if key[0] == "handle":
@@ -288,6 +325,8 @@ class _Lowering:
         for i, ins in enumerate(instructions, offset):
             if ins.kind == COMPUTE:
                 self._compute(ins.target)
+                if self.pending_sizes and self.graph is self.fwd:
+                    self._emit_ready_sizes()
                 for n in reversed(self.graph.nodes):  # tag the op node for tracing tools
                     if n.op == "call_function" and n.target is not operator.getitem:
                         n.meta["remat_instruction"] = i
@@ -318,15 +357,19 @@ class _Lowering:
         cap = self.cap
         # forward: primals in, ops, (outputs added once the backward says what it needs)
         self._reset_phase(self.fwd)
+        self.fwd_shape_copies: dict = {}
         for p in cap.primals:
             ph = self.fwd.node_copy(p)
             self.current[cap.value_id[p]] = ph
+        self.pending_sizes = [n for n in cap.joint.graph.nodes if n in cap.shape_nodes and self._size_reads_tensor(n)]
+        self._emit_ready_sizes()
         self._run(self.plan.forward_instructions)
         fwd_user_outputs = [self._resolve(x) if isinstance(x, fx.Node) else x for x in cap.fwd_outputs]
         self._write_back_mutated_inputs()
         for vid in list(self.unwaited):  # reloads saved for the backward: landed before the forward returns
             self._resolve(cap.value_node[vid])
         self.fwd_current, self.fwd_rng, self.fwd_handles = dict(self.current), dict(self.rng), dict(self.handles)
+        self.fwd_shape_copies = dict(self.shape_copies)
 
         # backward: saved values appear as placeholders on demand, then the tangents
         self.saved_placeholder: dict = {}

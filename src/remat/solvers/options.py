@@ -18,7 +18,7 @@ from ..budget import parse_budget_text
 from ..cost import DEFAULT_COST_MODEL
 
 OPTION_NAMES = ("budget", "solver", "cost_model", "workspace", "time_limit", "solver_options", "on_plan", "cache",
-                "offload_dir", "plan")
+                "offload_dir", "plan", "buckets", "on_run")
 
 
 BUDGET_ENV = "REMAT_BUDGET"
@@ -48,6 +48,8 @@ class BackendOptions:
     cache: bool = True  # read and fill the on-disk plan cache (remat.solvers.cache)
     offload_dir: str | None = None  # the file store's folders (else $REMAT_OFFLOAD_DIR, else TMPDIR)
     plan: Any = None  # run this Plan (or saved plan file) instead of planning; checked on the live graph
+    buckets: Any = None  # edges of the size buckets of a dynamic capture (None: powers of two and midpoints)
+    on_run: Callable | None = None  # a dynamic capture: called with the plan of each step's bucket
 
     @classmethod
     def from_dict(cls, options: dict | None, environ: Mapping[str, str] | None = None) -> "BackendOptions":

@@ -1,0 +1,191 @@
+"""Symbolic sizes: one joint graph for every input length, made concrete per bucket.
+
+Dynamo captures a step with dynamic shapes once: its joint graph's fake tensors have sizes that
+are expressions in symbols (``s0``: the sequence length, ``s1``: the batch ...), and the symbols
+themselves are inputs of the graph. remat plans a concrete graph, so for each **bucket** (an upper
+edge per symbol, :func:`bucket_edge`) it
+
+1. binds each symbol to its value (:func:`bind_symbols`: from the runtime inputs, or the edges),
+2. copies the joint graph and propagates fake tensors of those concrete sizes through the copy
+   (:func:`concrete_joint`), so that the capture, the cost models and the lowering read ordinary
+   static shapes; the copy's nodes keep the original's names and arguments, so a graph lowered
+   from it still computes its view sizes from the symbol inputs and runs at every size,
+3. checks that no value of a smaller size in the bucket is larger than at its edge
+   (:func:`check_monotone`), which is what makes the edge's plan valid for the whole bucket.
+
+Default buckets: powers of two and the midpoints between them (1, 2, 3, 4, 6, 8, 12, 16, 24, 32,
+48, 64, 96, 128, ...): a plan covers sizes up to 1.5x (or 1.33x) its smallest, so a padded-to-the-
+edge plan is never asked to hold more than 50% more than the size at hand.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Iterable, Sequence
+
+import sympy
+import torch
+import torch.fx as fx
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+from ..errors import CaptureError
+
+
+def _expr(x):
+    """The sympy expression of a SymInt/SymFloat/SymBool (a plain number as is)."""
+    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return x.node.expr
+    return sympy.sympify(x)
+
+
+def _sym_vals(val) -> Iterable:
+    if isinstance(val, torch.Tensor):
+        yield from val.shape
+        yield from val.stride()
+        yield val.storage_offset()
+    elif isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        yield val
+    elif isinstance(val, (tuple, list)):
+        for v in val:
+            yield from _sym_vals(v)
+
+
+def symbols_of(joint: fx.GraphModule) -> list[sympy.Symbol]:
+    """The free size symbols of the joint graph's inputs, sorted by name (``[]``: a static graph)."""
+    found: set = set()
+    for n in joint.graph.find_nodes(op="placeholder"):
+        for x in _sym_vals(n.meta.get("val")):
+            if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                found |= _expr(x).free_symbols
+    return sorted(found, key=str)
+
+
+def is_dynamic(joint: fx.GraphModule) -> bool:
+    return bool(symbols_of(joint))
+
+
+def bind_symbols(joint: fx.GraphModule, args: Sequence) -> dict:
+    """``{symbol: value}`` read off the runtime inputs ``args`` (one per placeholder, in order): a
+    symbol input's own value, or a tensor dimension whose size is the bare symbol."""
+    binding: dict = {}
+    for n, arg in zip(joint.graph.find_nodes(op="placeholder"), args):
+        val = n.meta.get("val")
+        if isinstance(val, torch.SymInt) and isinstance(_expr(val), sympy.Symbol):
+            binding[_expr(val)] = int(arg)
+        elif isinstance(val, torch.Tensor) and isinstance(arg, torch.Tensor):
+            for size, actual in zip(val.shape, arg.shape):
+                if isinstance(size, torch.SymInt) and isinstance(_expr(size), sympy.Symbol):
+                    binding.setdefault(_expr(size), int(actual))
+    return binding
+
+
+def evaluate(x, binding: dict):
+    """``x`` (a SymInt, SymFloat, SymBool or number) at ``binding``: a plain int/float/bool."""
+    if not isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return x
+    value = sympy.sympify(_expr(x).xreplace({s: sympy.Integer(v) for s, v in binding.items()}))
+    if value.free_symbols:
+        raise CaptureError(
+            f"remat cannot size {x} from the inputs: it depends on {sorted(map(str, value.free_symbols))}, which "
+            "no input fixes (a data-dependent size, e.g. from nonzero() or a mask's sum); make that size static"
+        )
+    if isinstance(x, torch.SymBool):
+        return bool(value)
+    return int(value) if isinstance(x, torch.SymInt) else float(value)
+
+
+DEFAULT_MIN_EDGE = 1
+
+
+def default_edges(upto: int) -> list[int]:
+    """Powers of two and their midpoints (1, 2, 3, 4, 6, 8, 12, ...), ending at the first one >= ``upto``."""
+    edges, p = [1, 2, 3], 2
+    while edges[-1] < upto:
+        p *= 2
+        edges += [p, p + p // 2]
+    return edges[:bisect.bisect_left(edges, upto) + 1]
+
+
+def bucket_edge(size: int, edges: Sequence[int] | None = None) -> int:
+    """The bucket of ``size``: the smallest edge >= size (``edges``: the user's sorted edges; a size
+    above them all, or no edges, takes the default policy's edge)."""
+    if edges:
+        i = bisect.bisect_left(edges, size)
+        if i < len(edges):
+            return int(edges[i])
+    return default_edges(size)[-1]
+
+
+def bucket_of(binding: dict, edges: Sequence[int] | None = None) -> tuple:
+    """``((symbol name, edge), ...)``: the bucket of every symbol's value, sorted by name."""
+    return tuple((str(s), bucket_edge(v, edges)) for s, v in sorted(binding.items(), key=lambda kv: str(kv[0])))
+
+
+def lower_end(edge: int, edges: Sequence[int] | None = None) -> int:
+    """The smallest size in the bucket whose edge is ``edge``."""
+    user = sorted(edges or ())
+    if edge in user:
+        i = user.index(edge)
+        return user[i - 1] + 1 if i else 1
+    below = [e for e in default_edges(edge) + user if e < edge]
+    return max(below) + 1 if below else 1
+
+
+def _concrete_input(val, binding: dict, mode):
+    if isinstance(val, torch.Tensor):
+        shape = [evaluate(s, binding) for s in val.shape]
+        stride = [evaluate(s, binding) for s in val.stride()]
+        with mode:
+            return torch.empty_strided(shape, stride, dtype=val.dtype, device=val.device,
+                                       requires_grad=val.requires_grad)
+    return evaluate(val, binding)
+
+
+def concrete_joint(joint: fx.GraphModule, binding: dict) -> fx.GraphModule:
+    """A copy of ``joint`` whose fake tensors have the sizes ``binding`` gives its symbols. Node names
+    and arguments are the original's (view sizes still read the symbol inputs)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    graph = fx.Graph()
+    out = graph.graph_copy(joint.graph, {})
+    graph.output(out)
+    for old, new in zip(joint.graph.nodes, graph.nodes):
+        new.meta = dict(old.meta)
+    gm = fx.GraphModule(joint, graph)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    inputs = [_concrete_input(n.meta.get("val"), binding, mode) for n in graph.find_nodes(op="placeholder")]
+    try:
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*inputs)
+    except CaptureError:
+        raise
+    except Exception as err:
+        sizes = ", ".join(f"{s}={v}" for s, v in sorted(binding.items(), key=lambda kv: str(kv[0])))
+        raise CaptureError(f"remat could not size the captured step at {sizes}: {type(err).__name__}: {err}") from err
+    return gm
+
+
+def _storage_bytes_expr(val: torch.Tensor):
+    try:
+        return val.untyped_storage().nbytes()
+    except Exception:
+        return val.numel() * val.element_size()
+
+
+def check_monotone(joint: fx.GraphModule, low: dict, high: dict) -> list[str]:
+    """Names of the joint graph's tensors that hold more bytes at the sizes ``low`` than at ``high``
+    (empty: no buffer of a smaller shape in the bucket is larger than at its edge, checked at both ends)."""
+    bad = []
+    for n in joint.graph.nodes:
+        val = n.meta.get("val")
+        vals = val if isinstance(val, (tuple, list)) else [val]
+        for v in vals:
+            if isinstance(v, torch.Tensor):
+                nbytes = _storage_bytes_expr(v)
+                if evaluate(nbytes, low) > evaluate(nbytes, high):
+                    bad.append(n.name)
+                    break
+    return bad
+
+
+__all__ = ["symbols_of", "is_dynamic", "bind_symbols", "evaluate", "default_edges", "bucket_edge", "bucket_of",
+           "lower_end", "concrete_joint", "check_monotone"]
