@@ -12,6 +12,8 @@ last use. This module is remat's only contact with AOTAutograd's private APIs.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch._dynamo import register_backend
 from torch._dynamo.backends.common import aot_autograd
@@ -29,6 +31,9 @@ from .solvers.cache import plan_with_cache
 from .solvers.planner import given_plan, resolve
 from .solvers.warm import warm_plan
 from .solvers.options import BUDGET_ENV, OPTION_NAMES, SOLVER_ENV, BackendOptions
+
+_CAPTURES = itertools.count(1)  # joint graphs this process has captured
+
 
 def _compile_boxed(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphModule:
     return boxed(gm)
@@ -52,10 +57,12 @@ def make_partition_fn(opts: BackendOptions):
                                solver_options=opts.solver_options, cost_model=opts.cost_model, cache=opts.cache)
 
     def partition_fn(joint, joint_inputs, *, num_fwd_outputs, **_ignored):
+        capture_id = next(_CAPTURES)  # plan.info["capture"]: which capture a plan was made for
         if is_dynamic(joint):  # captured once for every size: a plan per bucket, made when first met
-            return _bucketed(joint, num_fwd_outputs, capture, plan, opts)
+            return _bucketed(joint, num_fwd_outputs, capture, plan, opts, capture_id)
         captured = capture(joint, num_fwd_outputs)
         planned = plan(captured.graph, opts.budget)
+        planned.info["capture"] = capture_id
         if opts.on_plan is not None:
             opts.on_plan(planned, captured)
         return lower(captured, planned, offload_dir=opts.offload_dir)
@@ -63,7 +70,7 @@ def make_partition_fn(opts: BackendOptions):
     return partition_fn
 
 
-def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions):
+def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions, capture_id: int):
     """The dispatching forward and backward graphs of a joint graph with symbolic sizes
     (:mod:`remat.execute.buckets`).
 
@@ -89,6 +96,7 @@ def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions):
         else:
             planned = warm_plan(captured.graph, budget, state["plans"], time_limit=opts.time_limit,
                                 **opts.solver_options)
+        planned.info["capture"] = capture_id
         state["size"] = max(state["size"], size)
         state["plans"].append(planned)
         if opts.on_plan is not None:

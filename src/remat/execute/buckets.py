@@ -35,6 +35,12 @@ from ..errors import CaptureError, InfeasibleBudgetError
 from .runtime import boxed
 
 
+def _random_state_kept():
+    """Restore every generator's state (CPU, and CUDA where initialised) on exit."""
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    return torch.random.fork_rng(devices=devices)
+
+
 class SavedByBucket(OpaqueBase):
     """What one forward of a bucketed step keeps for its backward: the bucket's lowered pair and the
     values its plan saves (taken, and so released, by the backward)."""
@@ -115,7 +121,8 @@ class BucketedStep:
             self.refused[key] = err
             raise err
         try:
-            capture, plan = self.plan_bucket(concrete_joint(self.joint, high), key)
+            with _random_state_kept():  # profiling runs random ops: the step must draw as if it had not
+                capture, plan = self.plan_bucket(concrete_joint(self.joint, high), key)
         except InfeasibleBudgetError as err:
             err.args = (f"at input sizes up to {sizes} (this bucket; smaller buckets may still fit): {err.args[0]}",)
             err.bucket = dict(key)
@@ -140,8 +147,9 @@ class BucketedStep:
         return (*outs[:n], SavedByBucket(bucket, saved))
 
     def backward(self, saved: SavedByBucket, *tangents):
-        values = saved.take()
-        return tuple(saved.bucket.backward(values + list(tangents)))
+        args = saved.take()  # the only list of the saved values: the boxed backward empties it,
+        args.extend(tangents)  # so each dies at its last use, as the plan says
+        return tuple(saved.bucket.backward(args))
 
 
 def dispatching_graphs(step: BucketedStep, capture_outputs: list, primals: list, tangents: list,

@@ -1,0 +1,112 @@
+"""Variable input shapes: one dynamic capture, a plan per size bucket, the budget at every length.
+
+A causal LM from the zoo is fed 30 distinct sequence lengths; at each, its gradients equal eager
+PyTorch's, the measured peak stays within the byte budget, and the step is captured at most twice
+(the first shape, then once with dynamic sizes) with no more plans than buckets.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+
+import remat
+from remat import models
+from remat.capture.shapes import bucket_edge, default_edges, lower_end
+from remat.errors import InfeasibleBudgetError
+from remat.measure import measure_step
+
+MiB = 2**20
+BUDGET = "9MiB"  # store_all fits up to ~100 tokens; 129..192 need recomputation; 193..256 cannot fit
+LENGTHS = random.Random(0).sample(range(5, 193), 30)
+
+
+def test_default_buckets_are_powers_of_two_and_midpoints():
+    assert default_edges(100) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128]
+    assert [bucket_edge(n) for n in (1, 5, 64, 65, 96, 97, 128, 129, 1000)] == [1, 6, 64, 96, 96, 128, 128, 192, 1024]
+    assert [lower_end(e) for e in (1, 6, 64, 96, 1024)] == [1, 5, 49, 65, 769]
+
+
+def test_user_edges_and_sizes_above_them():
+    edges = [64, 200, 512]
+    assert [bucket_edge(n, edges) for n in (1, 64, 65, 200, 201, 600)] == [64, 64, 200, 200, 512, 768]
+    assert [lower_end(e, edges) for e in (64, 200, 512, 768)] == [1, 65, 201, 513]
+
+
+def _gpt2():
+    ex = models.build("gpt2", size="tiny")  # 2 layers, batch 2; dropout stays on
+    return ex.model
+
+
+def _ids(length: int) -> torch.Tensor:
+    return torch.randint(0, 1000, (2, length), generator=torch.Generator().manual_seed(length))
+
+
+def _grads(model, ids, seed):
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    model(input_ids=ids, labels=ids).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _check_lengths(model, planned, lengths, measure_every=6):
+    eager = copy.deepcopy(model)
+    for i, length in enumerate(lengths):
+        ids = _ids(length)
+        got, want = _grads(planned, ids, seed=i), _grads(eager, ids, seed=i)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b), f"length {length}: gradients differ from eager"
+        if i % measure_every == 0:
+            def step():
+                torch.manual_seed(i)
+                planned(input_ids=ids, labels=ids).backward()
+
+            peak = measure_step(step, setup=lambda: model.zero_grad(set_to_none=True), warmup=0, repeats=1).peak_bytes
+            assert peak <= 9 * MiB, f"length {length}: measured {peak / MiB:.2f} MiB over the 9 MiB budget"
+
+
+def _captures(plans) -> int:
+    return len({p.info.get("capture") for p in plans})
+
+
+def test_thirty_lengths_through_optimize():
+    model = _gpt2()
+    m = remat.optimize(model, input_ids=_ids(64), labels=_ids(64), budget=BUDGET, cache=False)
+    _check_lengths(model, m, LENGTHS)
+    buckets = {bucket_edge(n) for n in LENGTHS}
+    assert _captures(m.plans) <= 2
+    assert len(m.plans) <= len(buckets) + 1  # the first, static capture's plan, and one per bucket
+    assert all(p.peak_bytes <= 9 * MiB for p in m.plans)
+    assert any(p.recomputations for p in m.plans), "the longest lengths must need recomputation"
+    assert m.plan.info["bucket"]  # the plan of the bucket that ran last
+    assert m.plan.info["bucket"] == {name: bucket_edge(LENGTHS[-1]) if edge != 2 else 2
+                                     for name, edge in m.plan.info["bucket"].items()}
+
+
+def test_thirty_lengths_through_torch_compile():
+    model = _gpt2()
+    plans = []
+    compiled = torch.compile(model, backend="remat", options={"budget": BUDGET, "cache": False,
+                                                               "on_plan": lambda p, c: plans.append(p)})
+    _check_lengths(model, compiled, LENGTHS, measure_every=10)
+    assert _captures(plans) <= 2 and len(plans) <= len({bucket_edge(n) for n in LENGTHS}) + 1
+
+
+def test_a_length_over_the_budget_raises_and_the_next_one_runs():
+    model = _gpt2()
+    m = remat.optimize(model, input_ids=_ids(64), labels=_ids(64), budget="6MiB", cache=False)
+    ids = _ids(80)
+    m(input_ids=ids, labels=ids).backward()  # the dynamic capture
+    for _ in range(2):  # refused before anything runs, and again without planning again
+        too_long = _ids(230)
+        with pytest.raises(InfeasibleBudgetError, match="at input sizes up to .*256") as info:
+            m(input_ids=too_long, labels=too_long)
+        assert info.value.min_budget_bytes > 6 * MiB
+    ids = _ids(100)
+    eager = copy.deepcopy(model)
+    for a, b in zip(_grads(m, ids, 0), _grads(eager, ids, 0)):
+        assert torch.equal(a, b)
+    assert m.plan.peak_bytes <= 6 * MiB and m.plan.info["bucket"]
