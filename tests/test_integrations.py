@@ -174,3 +174,71 @@ def test_hf_trainer_trains_with_remat(tmp_path, monkeypatch):
     assert got_state.keys() == ref_state.keys()
     for k in ref_state:
         torch.testing.assert_close(got_state[k], ref_state[k], rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- Trainer, dynamic padding
+def _tiny_tokenizer(transformers):
+    """A word-level tokenizer built in memory (nothing downloaded): tokens t0..t63 and a pad token."""
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {f"t{i}": i for i in range(VOCAB)} | {"[PAD]": VOCAB, "[UNK]": VOCAB + 1}
+    tk = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]")
+
+
+class VariableLengthDataset(torch.utils.data.Dataset):
+    """Sequences of 6 to 60 tokens: the collator pads each batch to its own longest."""
+
+    def __init__(self, n=32):
+        g = torch.Generator().manual_seed(1)
+        lengths = torch.randint(6, SEQ - 3, (n,), generator=g)
+        self.ids = [torch.randint(0, VOCAB, (int(n_,),), generator=g).tolist() for n_ in lengths]
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i]}
+
+
+def _train_gpt2_padded(tmp_path, steps=8, **compile_args):
+    transformers = _hf()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB + 2, n_positions=SEQ,
+                                     bos_token_id=0, eos_token_id=0, pad_token_id=VOCAB)
+    model = transformers.GPT2LMHeadModel(config)  # no loss_type set: the loss comes from labels in forward
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=4, use_cpu=True, report_to=[],
+        save_strategy="no", dataloader_num_workers=0, logging_steps=1, seed=0, disable_tqdm=True, **compile_args,
+    )
+    collator = transformers.DataCollatorForLanguageModeling(tokenizer=_tiny_tokenizer(transformers), mlm=False)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=VariableLengthDataset(),
+                                   data_collator=collator)
+    trainer.train()
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def test_hf_trainer_with_dynamic_padding_plans_per_bucket(tmp_path, monkeypatch):
+    """Every batch has its own length: the step is captured at most twice, loss included (no graph
+    break at transformers' loss), planned once per size bucket within REMAT_BUDGET=0.5, and the
+    losses match a plain Trainer's step for step."""
+    _hf()
+    plans = []
+    original = BackendOptions.from_dict.__func__
+
+    def recording(cls, options=None, environ=None):
+        opts = original(cls, options, environ)
+        opts.on_plan = lambda plan, capture: plans.append(plan)
+        return opts
+
+    monkeypatch.setattr(BackendOptions, "from_dict", classmethod(recording))
+    monkeypatch.setenv("REMAT_BUDGET", "0.5")
+    ref = _train_gpt2_padded(tmp_path / "eager")
+    got = _train_gpt2_padded(tmp_path / "remat", torch_compile=True, torch_compile_backend="remat")
+    assert len(got) == len(ref) == 8
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-6, atol=0)
+    assert len({p.info["capture"] for p in plans}) <= 2
+    assert all(p.peak_bytes <= p.budget_bytes for p in plans)
+    assert any(p.recomputations for p in plans)
+    assert all(any("nll_loss" in n.op for n in p.graph.nodes) for p in plans), "the loss is in every graph"
+    bucketed = [p for p in plans if p.info.get("bucket")]
+    assert bucketed and len(bucketed) == len({tuple(sorted(p.info["bucket"].items())) for p in bucketed})

@@ -110,3 +110,22 @@ def test_a_length_over_the_budget_raises_and_the_next_one_runs():
     for a, b in zip(_grads(m, ids, 0), _grads(eager, ids, 0)):
         assert torch.equal(a, b)
     assert m.plan.peak_bytes <= 6 * MiB and m.plan.info["bucket"]
+
+
+def test_a_causal_lm_computing_its_loss_from_labels_is_one_graph_planned_once():
+    """No ``loss_type`` set: transformers logs a warning inside forward, which used to break the graph
+    at the loss (a fraction below 1 was then infeasible). ``labels=input_ids`` (one tensor twice)
+    plans once, in optimize and in every step after."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=500, n_positions=128,
+                                     bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config)
+    assert getattr(model, "loss_type", None) is None
+    ids = torch.randint(0, 500, (2, 64))
+    m = remat.optimize(model, input_ids=ids, labels=ids, budget=0.5, cache=False)
+    (plan,) = m.plans
+    assert any("nll_loss" in n.op for n in plan.graph.nodes) and plan.peak_bytes <= plan.budget_bytes
+    for _ in range(2):
+        m(input_ids=ids, labels=ids).loss.backward()
+    assert m.plans == [plan]

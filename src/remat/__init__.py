@@ -19,6 +19,7 @@ from . import backend as _backend  # noqa: F401  (registers the "remat" torch.co
 from . import inductor as _inductor  # noqa: F401  (registers cost_model="inductor")
 from .api import RematModule, capture_and_plan, compile, optimize, plan
 from .capture import register_accelerate_backend as _register_accelerate_backend
+from .capture import watch_for_transformers as _watch_for_transformers
 from .errors import CaptureError, InfeasibleBudgetError, InvalidPlanError, RematError, SolverError, SolverTimeLimitWarning
 from .errors import MeasuredAboveBudgetWarning, NotTrainingWarning, UnsupportedWrappingError
 from .graph import Graph
@@ -109,3 +110,4 @@ def __getattr__(name: str):  # remat.zoo, remat.viz ... without an import statem
 
 
 _register_accelerate_backend()  # lets the Hugging Face Trainer pass backend="remat" on
+_watch_for_transformers()  # transformers' warning_once inside forward: no graph break

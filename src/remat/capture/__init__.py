@@ -16,10 +16,12 @@ May import: ``remat.measure``, ``remat.graph``, ``remat.errors``.
 from .errors import PlanReady, capture_error, unwrap_compile_error, user_frame, users_own_exception
 from .joint import Capture, capture_joint, is_batch_norm_with_stats, joint_device, rng_state_bytes
 from .step import detached_copies, no_lasting_effects, training_step_mode
-from .wrappers import check_materialized, check_unwrapped, register_accelerate_backend
+from .wrappers import (check_materialized, check_unwrapped, quiet_transformers_logging, register_accelerate_backend,
+                       watch_for_transformers)
 from ..measure import allocated_bytes  # noqa: F401  (where capture's byte counts come from; its old home)
 
 __all__ = ["Capture", "capture_joint", "joint_device", "is_batch_norm_with_stats", "rng_state_bytes",
            "PlanReady", "capture_error", "unwrap_compile_error", "user_frame", "users_own_exception",
            "detached_copies", "no_lasting_effects", "training_step_mode",
-           "check_materialized", "check_unwrapped", "register_accelerate_backend"]
+           "check_materialized", "check_unwrapped", "register_accelerate_backend", "quiet_transformers_logging",
+           "watch_for_transformers"]

@@ -35,9 +35,16 @@ def training_step_mode():
 
 
 def detached_copies(tree):
+    """Detached copies of the tensors in ``tree``; a tensor passed twice (``labels=input_ids``) is
+    copied once, so the copies alias as the originals do (Dynamo specialises on that: two copies
+    would make the first real step a second capture)."""
+    copies: dict[int, torch.Tensor] = {}
+
     def copy(t):
         if isinstance(t, torch.Tensor):
-            return t.detach().clone().requires_grad_(t.requires_grad)
+            if id(t) not in copies:
+                copies[id(t)] = t.detach().clone().requires_grad_(t.requires_grad)
+            return copies[id(t)]
         return t
 
     return torch.utils._pytree.tree_map(copy, tree)

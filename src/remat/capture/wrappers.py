@@ -55,6 +55,60 @@ def register_accelerate_backend() -> bool:
     return True
 
 
+TRANSFORMERS_LOGGING = "transformers.utils.logging"
+
+
+def quiet_transformers_logging() -> bool:
+    """Let Dynamo skip transformers' ``logger.warning_once`` / ``info_once`` instead of breaking the graph.
+
+    A causal LM whose ``loss_type`` is unset calls ``logger.warning_once`` inside ``forward`` when it
+    computes the loss from ``labels``; Dynamo cannot trace that cached logging call, so the loss
+    became a graph of its own (planned apart, and a fraction below 1 looked infeasible). Adding the
+    two methods to ``torch._dynamo.config.ignore_logging_functions`` makes them no-ops inside
+    compiled code (the message is still logged by eager runs), so the step is captured whole without
+    the user setting anything. True once transformers' logging is loaded and the methods are added.
+    """
+    if TRANSFORMERS_LOGGING not in sys.modules:
+        return False
+    import logging
+
+    ignored = torch._dynamo.config.ignore_logging_functions
+    for name in ("warning_once", "info_once"):
+        method = getattr(logging.Logger, name, None)
+        if method is not None and method not in ignored:
+            ignored.add(method)
+    return True
+
+
+class _AfterTransformersLogging:
+    """A meta-path finder that calls :func:`quiet_transformers_logging` once transformers' logging
+    module has run (when transformers is imported after remat), then steps aside."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != TRANSFORMERS_LOGGING:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            quiet_transformers_logging()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def watch_for_transformers() -> None:
+    """:func:`quiet_transformers_logging` now if transformers is loaded, else when it is (idempotent)."""
+    if quiet_transformers_logging():
+        return
+    if not any(isinstance(f, _AfterTransformersLogging) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterTransformersLogging())
+
+
 def _loaded_classes(module_name: str, *names: str) -> tuple[type, ...]:
     """The classes ``names`` of ``module_name`` if that module is already imported.
 
