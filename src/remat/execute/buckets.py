@@ -131,7 +131,8 @@ class BucketedStep:
         fwd, bwd = self.lower_fn(capture, plan)
         num_saved = len(fwd.graph.find_nodes(op="output")[0].args[0]) - self.num_fwd_outputs
         plan.info["bucket"] = dict(key)
-        bucket = Bucket(key, plan, boxed(fwd), boxed(bwd), num_saved, time.perf_counter() - start)
+        plan.info["bucket_seconds"] = seconds = time.perf_counter() - start  # sized, captured, planned, lowered
+        bucket = Bucket(key, plan, boxed(fwd), boxed(bwd), num_saved, seconds)
         self.buckets[key] = bucket
         return bucket
 
