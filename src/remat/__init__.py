@@ -17,7 +17,7 @@ import sys
 
 from . import backend as _backend  # noqa: F401  (registers the "remat" torch.compile backend)
 from . import inductor as _inductor  # noqa: F401  (registers cost_model="inductor")
-from .api import RematModule, capture_and_plan, compile, optimize, plan
+from .api import LengthPlan, RematModule, capture_and_plan, compile, optimize, plan, plan_lengths
 from .capture import register_accelerate_backend as _register_accelerate_backend
 from .capture import watch_for_transformers as _watch_for_transformers
 from .errors import CaptureError, InfeasibleBudgetError, InvalidPlanError, RematError, SolverError, SolverTimeLimitWarning
@@ -38,6 +38,8 @@ __all__ = [
     "compile",
     "partitioner",
     "plan",
+    "plan_lengths",
+    "LengthPlan",
     "pareto",
     "max_batch_size",
     "MaxBatchResult",

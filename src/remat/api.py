@@ -15,6 +15,7 @@ import sys
 import types
 import warnings
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from .backend import BackendOptions, remat_backend
 from .capture import (Capture, PlanReady, check_materialized, check_unwrapped, detached_copies, no_lasting_effects,
                       training_step_mode, unwrap_compile_error, users_own_exception)
 from .cost import DEFAULT_COST_MODEL, INDUCTOR_COST_MODEL
-from .errors import CaptureError, NotTrainingWarning
+from .errors import CaptureError, NotTrainingWarning, RematError
 from . import inductor
 from .plan import Plan
 
@@ -344,6 +345,75 @@ def plan(
         time_limit=time_limit, solver_options=solver_options, cache=cache, **example_kwargs,
     )
     return plan
+
+
+@dataclass
+class LengthPlan:
+    """One size bucket of :func:`plan_lengths`: its edge (the largest size it runs), its plan, or the
+    error that refused it (an :class:`~remat.errors.InfeasibleBudgetError` names the smallest budget)."""
+
+    edge: int
+    plan: Plan | None = None
+    error: Exception | None = None
+
+
+def plan_lengths(model, *example_args, lengths: tuple[int, int], dim: int = 1, budget=None, solver: str = "auto",
+                 buckets=None, cost_model: Any = DEFAULT_COST_MODEL, workspace: str = "measure",
+                 time_limit: float | None = None, solver_options: dict | None = None, cache: bool = True,
+                 **example_kwargs) -> list[LengthPlan]:
+    """What every length will cost, before it arrives: the plan of each size bucket from ``lengths[0]``
+    to ``lengths[1]`` of dimension ``dim`` of the inputs (the sequence, for token inputs).
+
+    The step is captured once with that dimension symbolic (``torch._dynamo.mark_dynamic`` on every
+    input tensor whose ``dim`` has the example's length), then planned at each bucket's edge as
+    :func:`optimize` does when that length arrives (``buckets``: edges, as the backend option; a
+    byte ``budget`` holds at every bucket, a fraction is of the largest bucket's changeable memory).
+    Nothing runs. Returns one :class:`LengthPlan` per bucket, smallest first."""
+    from .capture.shapes import bucket_edge, example_binding
+
+    lo, hi = (int(x) for x in lengths)
+    if not 1 <= lo <= hi:
+        raise ValueError(f"lengths must be (smallest, largest) with 1 <= smallest <= largest, got {lengths}")
+    tensors = [t for t in torch.utils._pytree.tree_leaves((example_args, example_kwargs)) if isinstance(t, torch.Tensor)]
+    sized = [t for t in tensors if t.dim() > dim]
+    if not sized:
+        raise ValueError(f"no input tensor has a dimension {dim} to vary")
+    example_args, example_kwargs = detached_copies((example_args, example_kwargs))
+    length = sized[0].shape[dim]
+    for t in torch.utils._pytree.tree_leaves((example_args, example_kwargs)):
+        if isinstance(t, torch.Tensor) and t.dim() > dim and t.shape[dim] == length:
+            torch._dynamo.mark_dynamic(t, dim)
+    edges = sorted({bucket_edge(n, sorted(buckets) if buckets else None) for n in range(lo, hi + 1)})
+    steps: list = []
+
+    def stop(step):
+        steps.append(step)
+        raise PlanReady()
+
+    options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace, time_limit=time_limit,
+                   solver_options=solver_options or {}, cache=cache, buckets=buckets, on_step=stop)
+    check_unwrapped(model)
+    compiled = _compile(model, options)
+    try:
+        with training_step_mode(), no_lasting_effects(model):
+            compiled(*example_args, **example_kwargs)
+    except Exception as err:
+        inner = unwrap_compile_error(err, model)
+        if not isinstance(inner, PlanReady):
+            raise inner from err
+    if not steps:
+        raise CaptureError(f"the step did not vary with dimension {dim} of its inputs: nothing to plan per length")
+    step = steps[0]
+    base = example_binding(step.joint)
+    varying = [s for s, v in base.items() if v == length] or list(base)
+    rows = []
+    for edge in sorted(edges, key=lambda e: -e):  # the largest first: it sets a fraction's bytes
+        binding = {**base, **{s: edge for s in varying}}
+        try:
+            rows.append(LengthPlan(edge, step.bucket_for(binding).plan))
+        except RematError as err:
+            rows.append(LengthPlan(edge, error=err))
+    return sorted(rows, key=lambda r: r.edge)
 
 
 def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_model=DEFAULT_COST_MODEL, workspace="measure",

@@ -106,6 +106,8 @@ def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions, 
     step = BucketedStep(joint, num_fwd_outputs, plan_bucket,
                         lambda captured, planned: lower(captured, planned, offload_dir=opts.offload_dir),
                         edges=tuple(sorted(opts.buckets)) if opts.buckets else None, on_run=opts.on_run)
+    if opts.on_step is not None:
+        opts.on_step(step)
     outputs = list(joint.graph.find_nodes(op="output")[0].args[0])
     placeholders = list(joint.graph.find_nodes(op="placeholder"))
     tangents = [p for p in placeholders if str(p.target).startswith("tangents")]

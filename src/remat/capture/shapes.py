@@ -64,6 +64,21 @@ def is_dynamic(joint: fx.GraphModule) -> bool:
     return bool(symbols_of(joint))
 
 
+def example_binding(joint: fx.GraphModule) -> dict:
+    """``{symbol: value}`` of the example the joint graph was traced with (the shape environment's hints)."""
+    binding = {}
+    for n in joint.graph.find_nodes(op="placeholder"):
+        for x in _sym_vals(n.meta.get("val")):
+            if isinstance(x, torch.SymInt):
+                shape_env = x.node.shape_env
+                hints = getattr(shape_env, "backed_var_to_val", None) or shape_env.var_to_val
+                for symbol in _expr(x).free_symbols:
+                    hint = hints.get(symbol)
+                    if hint is not None:
+                        binding[symbol] = int(hint)
+    return binding
+
+
 def bind_symbols(joint: fx.GraphModule, args: Sequence) -> dict:
     """``{symbol: value}`` read off the runtime inputs ``args`` (one per placeholder, in order): a
     symbol input's own value, or a tensor dimension whose size is the bare symbol."""
@@ -187,5 +202,5 @@ def check_monotone(joint: fx.GraphModule, low: dict, high: dict) -> list[str]:
     return bad
 
 
-__all__ = ["symbols_of", "is_dynamic", "bind_symbols", "evaluate", "default_edges", "bucket_edge", "bucket_of",
+__all__ = ["symbols_of", "example_binding", "is_dynamic", "bind_symbols", "evaluate", "default_edges", "bucket_edge", "bucket_of",
            "lower_end", "concrete_joint", "check_monotone"]

@@ -93,17 +93,25 @@ class BucketedStep:
     buckets: dict = field(default_factory=dict)
     refused: dict = field(default_factory=dict)  # bucket key -> the error it raised, raised again
     on_run: Callable | None = None  # called with the plan of each forward's bucket
+    last_binding: dict = field(default_factory=dict)  # the sizes of the latest forward
 
     def bucket(self, args) -> Bucket:
-        binding = bind_symbols(self.joint, args)
+        """The bucket of the runtime inputs ``args`` (planned now if it is new)."""
+        self.last_binding = bind_symbols(self.joint, args)
+        found = self.bucket_for(self.last_binding)
+        if self.on_run is not None:
+            self.on_run(found.plan)
+        return found
+
+    def bucket_for(self, binding: dict) -> Bucket:
+        """The bucket of the sizes ``binding`` (``{symbol: value}``), planned now if it is new;
+        raises the bucket's error (e.g. :class:`InfeasibleBudgetError`) if it cannot be planned."""
         key = bucket_of(binding, self.edges)
         found = self.buckets.get(key)
         if found is None:
             if key in self.refused:
                 raise self.refused[key]
             found = self._make(key, binding)
-        if self.on_run is not None:
-            self.on_run(found.plan)
         return found
 
     def _make(self, key: tuple, binding: dict) -> Bucket:

@@ -18,7 +18,7 @@ from ..budget import parse_budget_text
 from ..cost import DEFAULT_COST_MODEL
 
 OPTION_NAMES = ("budget", "solver", "cost_model", "workspace", "time_limit", "solver_options", "on_plan", "cache",
-                "offload_dir", "plan", "buckets", "on_run")
+                "offload_dir", "plan", "buckets", "on_run", "on_step")
 
 
 BUDGET_ENV = "REMAT_BUDGET"
@@ -50,6 +50,7 @@ class BackendOptions:
     plan: Any = None  # run this Plan (or saved plan file) instead of planning; checked on the live graph
     buckets: Any = None  # edges of the size buckets of a dynamic capture (None: powers of two and midpoints)
     on_run: Callable | None = None  # a dynamic capture: called with the plan of each step's bucket
+    on_step: Callable | None = None  # a dynamic capture: called with its remat.execute.buckets.BucketedStep
 
     @classmethod
     def from_dict(cls, options: dict | None, environ: Mapping[str, str] | None = None) -> "BackendOptions":

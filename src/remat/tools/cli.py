@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
-import inspect
 import math
 import os
 import statistics
@@ -40,18 +38,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INFEASIBLE = 0, 1, 2, 3
-SIZES = ("tiny", "small", "medium")
-PLOT_SUFFIXES = (".png", ".svg")
-
-
-class CliError(Exception):
-    """A mistake in what the user asked for: printed as one line, exit status ``status``."""
-
-    def __init__(self, message: str, status: int = EXIT_ERROR):
-        super().__init__(message)
-        self.status = status
-
+from .inputs import EXIT_ERROR, EXIT_INFEASIBLE, EXIT_OK, EXIT_USAGE, SIZES, CliError, check_output, load_example, load_plan
 
 # ------------------------------------------------------------------------------ argument types
 
@@ -90,111 +77,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
-
-
-# ------------------------------------------------------------------------------ models and plans
-
-
-def _import_factory(spec: str) -> Callable:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise CliError(f"cannot read MODEL {spec!r}: write package.module:factory")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())  # `remat plan mymodels:build` from the folder holding mymodels.py
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise CliError(f"cannot import {module_name!r} for MODEL {spec!r}: {err} "
-                       "(run from the folder that holds it, or add it to PYTHONPATH)") from err
-    try:
-        factory = getattr(module, attr)
-    except AttributeError as err:
-        raise CliError(f"module {module_name!r} has no {attr!r} (MODEL {spec!r})") from err
-    if not callable(factory):
-        raise CliError(f"{spec!r} is not callable: MODEL must name a function returning (model, args)")
-    return factory
-
-
-def _as_example(spec: str, made: Any):
-    import torch.nn as nn
-
-    from .. import models as zoo
-
-    if isinstance(made, zoo.Example):
-        return made
-    if isinstance(made, (tuple, list)) and len(made) in (2, 3) and isinstance(made[0], nn.Module):
-        args = made[1]
-        args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
-        kwargs = dict(made[2]) if len(made) == 3 else {}
-        return zoo.Example(spec, made[0], args, kwargs)
-    raise CliError(f"{spec!r} returned a {type(made).__name__}; it must return (model, args), "
-                   "(model, args, kwargs) or a remat.models.Example")
-
-
-def check_device(device: str) -> None:
-    """A one-line :class:`CliError` for a device name torch does not know or cannot use here."""
-    import torch
-
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError) as err:
-        raise CliError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from err
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise CliError(f"--device {device}: CUDA is not available here (torch.cuda.is_available() is False); "
-                       "use --device cpu")
-
-
-def load_example(spec: str, size: str = "small", *, batch: int | None = None, device: str = "cpu"):
-    """The :class:`remat.models.Example` MODEL names: a built-in example or ``module:factory``."""
-    from .. import models as zoo
-
-    if device != "cpu":
-        check_device(device)
-
-    if ":" not in spec:
-        if spec not in zoo.names():
-            raise CliError(f"unknown model {spec!r}: give a built-in one ({', '.join(zoo.names())}) "
-                           "or package.module:factory")
-        if size not in SIZES:
-            raise CliError(f"unknown size {size!r}: choose one of {', '.join(SIZES)}")
-        options: dict = {"size": size, "device": device}
-        if batch is not None:
-            if "batch" not in inspect.signature(zoo.build).parameters:
-                raise CliError("this version of remat.models.build cannot change the batch size")
-            options["batch"] = batch
-        try:
-            return zoo.build(spec, **options)
-        except ImportError as err:
-            raise CliError(f"model {spec!r} needs a package that is not installed ({err}); "
-                           "install the extras: pip install 'remat[models]'") from err
-    factory = _import_factory(spec)
-    if batch is not None:
-        if "batch" not in inspect.signature(factory).parameters:
-            raise CliError(f"{spec!r} takes no 'batch' argument; remat maxbatch calls the factory with batch=N")
-        example = _as_example(spec, factory(batch=batch))
-    else:
-        example = _as_example(spec, factory())
-    if device != "cpu":
-        example.model.to(device)
-        example.args = tuple(a.to(device) if hasattr(a, "to") else a for a in example.args)
-        example.kwargs = {k: v.to(device) if hasattr(v, "to") else v for k, v in example.kwargs.items()}
-    return example
-
-
-def load_plan(path: str):
-    """A saved :class:`remat.Plan`, or a one-line :class:`CliError` saying why it cannot be read."""
-    from ..errors import RematError
-    from ..plan import Plan
-
-    try:
-        return Plan.load(path)
-    except RematError as err:  # Plan.load names the file and the reason (missing, not JSON, not a plan)
-        raise CliError(str(err)) from err
-
-
-def _check_output(path: str | None) -> None:
-    if path is not None and os.path.splitext(path)[1].lower() not in PLOT_SUFFIXES:
-        raise CliError(f"cannot write a plot to {path!r}: the file name must end in .png or .svg", EXIT_USAGE)
 
 
 # ------------------------------------------------------------------------------ display
@@ -278,7 +160,10 @@ def _plan_table(title: str, plan, store_all_peak: int, extra: dict | None = None
 def cmd_plan(args, ui: _Ui) -> int:
     from ..solvers.cache import plan_with_cache
 
+    check_output(args.output)
     example = load_example(args.model, args.size)
+    if args.lengths:
+        return cmd_plan_lengths(args, ui, example)
     base = _capture(ui, example, args.cost_model)
     with ui.phase(f"planned with {args.solver} for budget {_fraction_label(args.budget)}"):
         plan = plan_with_cache(base.graph, args.budget, args.solver, time_limit=args.time_limit,
@@ -290,11 +175,28 @@ def cmd_plan(args, ui: _Ui) -> int:
     return EXIT_OK
 
 
+def cmd_plan_lengths(args, ui: _Ui, example) -> int:
+    from .lengths import lengths_table, parse_lengths, plan_each_length, plot_lengths
+
+    try:
+        lengths = parse_lengths(args.lengths)
+    except ValueError as err:
+        raise CliError(str(err), EXIT_USAGE) from None
+    with ui.phase(f"captured once, planned each length bucket of {lengths[0]}..{lengths[1]}"):
+        rows, budget = plan_each_length(example, lengths, budget=args.budget, solver=args.solver,
+                                        cost_model=args.cost_model, time_limit=args.time_limit)
+    ui.out.print(lengths_table(f"{example.name}: predicted peak per length", rows, budget))
+    if args.output:
+        plot_lengths(rows, budget, args.output, f"{example.name}: predicted peak against length")
+        ui.out.print(f"plotted to {args.output}")
+    return EXIT_OK
+
+
 def cmd_sweep(args, ui: _Ui) -> int:
     from .pareto import pareto_of_graph
     from ..solvers.registry import available
 
-    _check_output(args.output)
+    check_output(args.output)
     unknown = [s for s in args.solvers if s != "auto" and s not in available()]
     if unknown:
         raise CliError(f"unknown solver(s) {', '.join(unknown)}: choose 'auto' or any of {', '.join(available())}",
@@ -391,7 +293,7 @@ def cmd_bench(args, ui: _Ui) -> int:
     from ..measure import measure_step
     from ..solvers.registry import solve
 
-    _check_output(args.output)
+    check_output(args.output)
     if args.rounds < 1:
         raise CliError("--rounds must be at least 1", EXIT_USAGE)
     example = load_example(args.model, args.size, device=args.device)
@@ -535,7 +437,7 @@ def cmd_maxbatch(args, ui: _Ui) -> int:
 def cmd_plot(args, ui: _Ui) -> int:
     from . import plots as viz
 
-    _check_output(args.output)
+    check_output(args.output)
     plan = load_plan(args.plan)
     with ui.phase(f"drew the {args.kind} of {args.plan}"):
         name = os.path.basename(args.plan)
@@ -600,6 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(plan)
     _add_planning(plan, budget_required=False)
     plan.add_argument("--save", metavar="PLAN.json", help="write the plan as JSON")
+    plan.add_argument("--lengths", metavar="MIN:MAX", help="a plan per sequence-length bucket (dimension 1)")
+    plan.add_argument("--output", metavar="FILE.png|svg", help="with --lengths: plot peak against length")
     plan.set_defaults(func=cmd_plan)
 
     sweep = sub.add_parser("sweep", help="overhead against budget for several solvers (a table and a plot)")
