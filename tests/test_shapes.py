@@ -129,3 +129,26 @@ def test_a_causal_lm_computing_its_loss_from_labels_is_one_graph_planned_once():
     for _ in range(2):
         m(input_ids=ids, labels=ids).loss.backward()
     assert m.plans == [plan]
+
+
+def test_plan_lengths_says_what_each_length_costs_before_it_arrives():
+    rows = remat.plan_lengths(_gpt2(), input_ids=_ids(64), labels=_ids(64), lengths=(16, 256), budget="6MiB",
+                              cache=False)
+    assert [r.edge for r in rows] == [16, 24, 32, 48, 64, 96, 128, 192, 256]
+    *fitting, longest = rows
+    assert all(r.plan is not None and r.plan.peak_bytes <= 6 * MiB for r in fitting)
+    assert [r.plan.solver for r in fitting[:5]] == ["store_all"] * 5  # short lengths need no plan at all
+    assert longest.plan is None and isinstance(longest.error, InfeasibleBudgetError)
+    assert longest.error.min_budget_bytes > 6 * MiB
+    assert len({r.plan.info["capture"] for r in fitting}) == 1  # one capture for every length
+
+
+def test_cli_plan_lengths_prints_a_row_per_bucket_and_plots(tmp_path, capsys):
+    from remat.tools.cli import main
+
+    out = tmp_path / "lengths.png"
+    assert main(["plan", "gpt2", "--size", "tiny", "--lengths", "16:128", "--budget", "6MiB", "--solver", "rotor",
+                 "--output", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "97..128" in text and "65..96" in text and "rotor" in text and out.stat().st_size > 0
+    assert main(["plan", "gpt2", "--size", "tiny", "--lengths", "128:16"]) == 2  # a usage error
