@@ -209,6 +209,7 @@ def optimize(
     cache: bool = True,
     offload_dir: str | None = None,
     plan: Plan | str | None = None,
+    buckets: list[int] | None = None,
     compiler: str = "eager",
     mode: str | None = None,
     inductor_options: dict | None = None,
@@ -236,6 +237,8 @@ def optimize(
     :meth:`~remat.plan.Plan.save`) instead of planning; it is checked on the captured graph before
     anything runs (:class:`~remat.plan.PlanGraphMismatchError` if it was made for another model,
     shape or dtype; :class:`~remat.errors.InvalidPlanError` if it peaks above a given budget).
+    ``buckets``: edges of the size buckets once the step is captured with dynamic sizes (a second
+    input shape; default: powers of two and their midpoints); each bucket is planned at its edge.
 
     ``compiler``: ``"eager"`` (the default) runs the plan as unfused ATen ops, exactly as planned
     (bitwise gradients, every solver, offloading included); ``"inductor"`` has Inductor compile the
@@ -261,7 +264,7 @@ def optimize(
         cost_model = INDUCTOR_COST_MODEL if compiler == "inductor" else DEFAULT_COST_MODEL
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
                    time_limit=time_limit, solver_options=solver_options or {}, cache=cache, offload_dir=offload_dir,
-                   plan=plan)
+                   plan=plan, buckets=buckets)
     wrapped = RematModule(model, options, compiler=compiler, mode=mode, inductor_options=inductor_options,
                           compile_kwargs=compile_kwargs)
     with training_step_mode():

@@ -277,7 +277,7 @@ class RematPartitioner(CustomPartitionerFn):
     def __getstate__(self) -> dict:
         """Inductor pickles its config (cache keys): without the plan callback and the last plan."""
         state = dict(self.__dict__)
-        state["options"] = dataclasses.replace(self.options, on_plan=None)
+        state["options"] = dataclasses.replace(self.options, on_plan=None, on_run=None, on_step=None)
         state["last_plan"] = None
         return state
 
@@ -290,7 +290,8 @@ class RematPartitioner(CustomPartitionerFn):
             "workspace": o.workspace, "time_limit": o.time_limit,
             "solver_options": repr(sorted((o.solver_options or {}).items())),
             "margin": self.margin_bytes, "remat": code_fingerprint(), "torch": torch.__version__,
-            "offload_dir": o.offload_dir,
+            "offload_dir": o.offload_dir, "buckets": repr(o.buckets),
+            "plan": o.plan if o.plan is None or isinstance(o.plan, str) else repr((o.plan.instructions, o.plan.boundary)),
         }, sort_keys=True)
         return hashlib.sha256(described.encode()).hexdigest()
 
