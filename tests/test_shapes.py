@@ -152,3 +152,26 @@ def test_cli_plan_lengths_prints_a_row_per_bucket_and_plots(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "97..128" in text and "65..96" in text and "rotor" in text and out.stat().st_size > 0
     assert main(["plan", "gpt2", "--size", "tiny", "--lengths", "128:16"]) == 2  # a usage error
+
+
+class _Shrinking(torch.nn.Module):
+    """Pads its input to 256 positions: the padding it makes is smaller the longer the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        pad = x.new_zeros(x.shape[0], 256 - x.shape[1], 8)
+        return self.lin(torch.cat([x, pad], 1)).relu().sum()
+
+
+def test_a_bucket_whose_values_shrink_as_sizes_grow_is_refused():
+    """A plan made at a bucket's edge is valid for the whole bucket only if no value is larger at a
+    smaller size; where one is, the bucket is refused, naming the value and what to do."""
+    from remat.errors import CaptureError
+
+    torch.manual_seed(0)
+    m = remat.optimize(_Shrinking(), torch.randn(2, 64, 8), cache=False)
+    with pytest.raises(CaptureError, match=r"more memory at the bucket's smallest sizes.*buckets"):
+        m(torch.randn(2, 100, 8)).backward()

@@ -40,13 +40,20 @@ def _compile_boxed(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphMo
 
 
 def make_partition_fn(opts: BackendOptions):
-    def capture(joint, num_fwd_outputs):
+    def capture(joint, num_fwd_outputs, no_workspace=frozenset()):
         device = joint_device(joint)
+        workspace_fn = make_workspace_fn(opts.workspace)
+        if workspace_fn is not None and no_workspace:
+            measure = workspace_fn
+
+            def workspace_fn(node):  # an op with no scratch memory at one size has none at another
+                return 0 if node.name in no_workspace else measure(node)
+
         return capture_joint(
             joint,
             num_fwd_outputs,
             cost_fn=make_cost_fn(opts.cost_model, device),
-            workspace_fn=make_workspace_fn(opts.workspace),
+            workspace_fn=workspace_fn,
             transfer=make_transfer_meta(device) if _may_offload(opts) else None,
         )
 
@@ -78,13 +85,16 @@ def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions, 
     plans made so far (:func:`remat.solvers.warm.warm_plan`, when the solver is ``auto``). A fraction
     budget is of the largest bucket planned so far: its bytes, resolved on that bucket's graph, hold
     at every smaller bucket too."""
-    state: dict = {"size": 0, "bytes": None, "plans": []}
+    state: dict = {"size": 0, "bytes": None, "plans": [], "no_workspace": frozenset()}
 
     def plan_bucket(concrete, key):
         size = 1
         for _name, edge in key:
             size *= edge
-        captured = capture(concrete, num_fwd_outputs)
+        captured = capture(concrete, num_fwd_outputs, state["no_workspace"])
+        if not state["plans"]:  # the ops without scratch memory here are not probed at other sizes
+            state["no_workspace"] = frozenset(captured.op_node[i].name for i, node in enumerate(captured.graph.nodes)
+                                              if node.workspace == 0)
         largest = size >= state["size"]
         budget = opts.budget
         if is_fraction(budget):

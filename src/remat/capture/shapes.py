@@ -156,9 +156,67 @@ def _concrete_input(val, binding: dict, mode):
     return evaluate(val, binding)
 
 
+class _Evaluator:
+    """:func:`evaluate` at one binding, remembering each expression's value (shapes repeat: s0 * 768)."""
+
+    def __init__(self, binding: dict):
+        self.binding = binding
+        self.known: dict = {}
+
+    def __call__(self, x):
+        if not isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return x
+        node = x.node
+        if node.is_nested_int() if hasattr(node, "is_nested_int") else False:
+            return evaluate(x, self.binding)
+        key = (type(x), node._expr) if hasattr(node, "_expr") else None
+        if key is None:
+            return evaluate(x, self.binding)
+        value = self.known.get(key)
+        if value is None:
+            value = self.known[key] = evaluate(x, self.binding)
+        return value
+
+
+def _sized(val, binding, mode, storages: dict):
+    """``val`` (a node's symbolic value) at ``binding``: a fake tensor of the evaluated size, stride and
+    offset on a storage of the evaluated bytes, shared with every other value of the same symbolic
+    storage (views stay views); numbers evaluated; tuples element by element."""
+    if isinstance(val, torch.Tensor):
+        key = val.untyped_storage()._cdata
+        with mode:
+            storage = storages.get(key)
+            if storage is None:
+                nbytes = binding(val.untyped_storage().nbytes())
+                storage = storages[key] = torch.empty(nbytes, dtype=torch.uint8, device=val.device).untyped_storage()
+            out = torch.empty(0, dtype=val.dtype, device=val.device)
+            out.set_(storage, binding(val.storage_offset()), [binding(x) for x in val.shape],
+                     [binding(x) for x in val.stride()])
+        return out.requires_grad_(val.requires_grad) if val.requires_grad and out.is_leaf else out
+    if isinstance(val, (tuple, list)):
+        return type(val)(_sized(v, binding, mode, storages) for v in val)
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return binding(val)
+    return val
+
+
+def _sized_metas(graph: fx.Graph, originals, binding: dict, mode) -> None:
+    """Every node's ``val`` evaluated at ``binding`` from its symbolic one (no op is run)."""
+    storages: dict = {}
+    evaluator = _Evaluator(binding)
+    for new, old in zip(graph.nodes, originals):
+        if "val" in old.meta:
+            new.meta["val"] = _sized(old.meta["val"], evaluator, mode, storages)
+
+
 def concrete_joint(joint: fx.GraphModule, binding: dict) -> fx.GraphModule:
     """A copy of ``joint`` whose fake tensors have the sizes ``binding`` gives its symbols. Node names
-    and arguments are the original's (view sizes still read the symbol inputs)."""
+    and arguments are the original's (view sizes still read the symbol inputs).
+
+    Each value is sized from its own symbolic fake tensor (sizes, strides, offsets and storage bytes
+    are expressions in the symbols; :func:`_sized_metas`), with no op run: milliseconds where a fake
+    propagation through every op takes seconds on a large graph. If that fails for some value, the
+    copy is sized by propagating fake tensors of the concrete inputs through it instead."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     graph = fx.Graph()
@@ -168,6 +226,14 @@ def concrete_joint(joint: fx.GraphModule, binding: dict) -> fx.GraphModule:
         new.meta = dict(old.meta)
     gm = fx.GraphModule(joint, graph)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        _sized_metas(graph, list(joint.graph.nodes), binding, mode)
+        return gm
+    except CaptureError:
+        raise
+    except Exception:  # noqa: BLE001  (anything unusual: the slower, general way below)
+        for old, new in zip(joint.graph.nodes, graph.nodes):
+            new.meta = dict(old.meta)
     inputs = [_concrete_input(n.meta.get("val"), binding, mode) for n in graph.find_nodes(op="placeholder")]
     try:
         FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*inputs)
