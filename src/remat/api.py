@@ -95,6 +95,15 @@ class _WeakCallback:
             method(*args)
 
 
+def _too_many_captures(compiler: str) -> str:
+    why = ("remat.compile captures each input shape on its own (Inductor's path does not bucket sizes yet): "
+           "train on many lengths with remat.optimize, which plans per size bucket, or pad to a few lengths"
+           if compiler == "inductor" else
+           "something other than sizes changes from call to call (a Python number, a flag, the inputs' "
+           "dtypes, devices or aliasing); make it the same at every call, or pass it as a tensor")
+    return f"this module has been captured {RECOMPILE_LIMIT} times, the most remat allows: {why}"
+
+
 class RematModule(nn.Module):
     """``model`` with a planned training step. Shares its parameters, buffers and submodules.
 
@@ -176,7 +185,10 @@ class RematModule(nn.Module):
                 # each new input shape is a new capture and plan: allow more than Dynamo's default 8,
                 # paying for the config patch (~0.2 ms) only on the call that needs it
                 with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-                    return self._remat_compiled(*args, **kwargs)
+                    try:
+                        return self._remat_compiled(*args, **kwargs)
+                    except torch._dynamo.exc.FailOnRecompileLimitHit as hit:
+                        raise RematError(_too_many_captures(self._remat_compiler)) from hit
         except Exception as err:  # surface remat's own errors, not Dynamo's wrapper
             inner = unwrap_compile_error(err, self._remat_original)
             if isinstance(inner, CaptureError):
