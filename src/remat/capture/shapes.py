@@ -79,19 +79,29 @@ def example_binding(joint: fx.GraphModule) -> dict:
     return binding
 
 
-def bind_symbols(joint: fx.GraphModule, args: Sequence) -> dict:
-    """``{symbol: value}`` read off the runtime inputs ``args`` (one per placeholder, in order): a
-    symbol input's own value, or a tensor dimension whose size is the bare symbol."""
-    binding: dict = {}
-    for n, arg in zip(joint.graph.find_nodes(op="placeholder"), args):
+def symbol_sources(joint: fx.GraphModule) -> list[tuple[int, int | None, sympy.Symbol]]:
+    """Where each symbol's value is read at run time: ``(input index, dimension or None, symbol)``,
+    None for an input that is the symbol itself; the first source of each symbol only."""
+    sources, seen = [], set()
+    for i, n in enumerate(joint.graph.find_nodes(op="placeholder")):
         val = n.meta.get("val")
-        if isinstance(val, torch.SymInt) and isinstance(_expr(val), sympy.Symbol):
-            binding[_expr(val)] = int(arg)
-        elif isinstance(val, torch.Tensor) and isinstance(arg, torch.Tensor):
-            for size, actual in zip(val.shape, arg.shape):
-                if isinstance(size, torch.SymInt) and isinstance(_expr(size), sympy.Symbol):
-                    binding.setdefault(_expr(size), int(actual))
-    return binding
+        if isinstance(val, torch.SymInt) and isinstance(_expr(val), sympy.Symbol) and _expr(val) not in seen:
+            seen.add(_expr(val))
+            sources.append((i, None, _expr(val)))
+        elif isinstance(val, torch.Tensor):
+            for d, size in enumerate(val.shape):
+                if isinstance(size, torch.SymInt) and isinstance(_expr(size), sympy.Symbol) and _expr(size) not in seen:
+                    seen.add(_expr(size))
+                    sources.append((i, d, _expr(size)))
+    return sources
+
+
+def bind_symbols(joint: fx.GraphModule, args: Sequence, sources=None) -> dict:
+    """``{symbol: value}`` read off the runtime inputs ``args`` (one per placeholder, in order): a
+    symbol input's own value, or a tensor dimension whose size is the bare symbol (``sources``:
+    :func:`symbol_sources` of ``joint``, computed once by a caller that binds every step)."""
+    return {symbol: int(args[i] if d is None else args[i].shape[d])
+            for i, d, symbol in (symbol_sources(joint) if sources is None else sources)}
 
 
 def evaluate(x, binding: dict):
@@ -268,5 +278,5 @@ def check_monotone(joint: fx.GraphModule, low: dict, high: dict) -> list[str]:
     return bad
 
 
-__all__ = ["symbols_of", "example_binding", "is_dynamic", "bind_symbols", "evaluate", "default_edges", "bucket_edge", "bucket_of",
+__all__ = ["symbols_of", "example_binding", "symbol_sources", "is_dynamic", "bind_symbols", "evaluate", "default_edges", "bucket_edge", "bucket_of",
            "lower_end", "concrete_joint", "check_monotone"]

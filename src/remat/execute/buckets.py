@@ -30,7 +30,7 @@ import torch
 import torch.fx as fx
 from torch._opaque_base import OpaqueBase
 
-from ..capture.shapes import bind_symbols, bucket_of, check_monotone, concrete_joint, lower_end
+from ..capture.shapes import bind_symbols, bucket_of, check_monotone, concrete_joint, lower_end, symbol_sources
 from ..errors import CaptureError, InfeasibleBudgetError
 from .runtime import boxed
 
@@ -94,10 +94,13 @@ class BucketedStep:
     refused: dict = field(default_factory=dict)  # bucket key -> the error it raised, raised again
     on_run: Callable | None = None  # called with the plan of each forward's bucket
     last_binding: dict = field(default_factory=dict)  # the sizes of the latest forward
+    sources: list | None = None  # where each symbol is read in the inputs (capture.shapes.symbol_sources)
 
     def bucket(self, args) -> Bucket:
         """The bucket of the runtime inputs ``args`` (planned now if it is new)."""
-        self.last_binding = bind_symbols(self.joint, args)
+        if self.sources is None:
+            self.sources = symbol_sources(self.joint)
+        self.last_binding = bind_symbols(self.joint, args, self.sources)
         found = self.bucket_for(self.last_binding)
         if self.on_run is not None:
             self.on_run(found.plan)
