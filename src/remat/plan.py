@@ -222,9 +222,11 @@ class Plan:
         return "\n".join(lines)
 
     def __repr__(self) -> str:
+        bucket = self.info.get("bucket")  # a plan of one size bucket of a dynamic capture: its edges
         return (
             f"Plan(solver={self.solver!r}, peak={format_bytes(self.peak_bytes)}, "
-            f"overhead={self.overhead * 100:.1f}%, nodes={len(self.graph.nodes)})"
+            f"overhead={self.overhead * 100:.1f}%, nodes={len(self.graph.nodes)}"
+            + (f", sizes up to {bucket}" if bucket else "") + ")"
         )
 
     def plot(self, path=None, kind: str = "timeline", **kwargs):
