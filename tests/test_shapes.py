@@ -192,3 +192,41 @@ def test_batches_of_other_sizes_with_batch_norm_match_eager_gradients_and_statis
         assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), eager.parameters())), batch
         assert all(torch.equal(a, b) for a, b in zip(model.buffers(), eager.buffers())), batch
     assert _captures(m.plans) <= 2 and m.plan.info["bucket"] and m.plan.peak_bytes <= m.plan.budget_bytes
+
+
+def test_a_joint_graph_made_concrete_without_running_ops_matches_fake_propagation(monkeypatch):
+    """Each value of a bucket's concrete copy is sized from its symbolic fake tensor: the same sizes,
+    strides, storage bytes and storage sharing as propagating concrete fake tensors through every op."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    from remat.capture import shapes
+
+    steps = []
+    ids = _ids(40)
+    torch._dynamo.mark_dynamic(ids, 1)
+    compiled = torch.compile(_gpt2(), backend="remat", options={"on_step": steps.append, "cache": False})
+    compiled(input_ids=ids, labels=ids).backward()
+    joint = steps[0].joint
+    (symbol,) = shapes.symbols_of(joint)
+    with monkeypatch.context() as patch:  # the fast way runs no op: fake propagation would fail here
+        patch.setattr(FakeTensorProp, "propagate_dont_convert_inputs", None)
+        propagated = shapes.concrete_joint(joint, {symbol: 72})
+
+    def described(gm):
+        owners, out = {}, []
+        for n in gm.graph.nodes:
+            if n.op == "output":
+                continue
+            vals = n.meta.get("val")
+            for v in vals if isinstance(vals, (tuple, list)) else [vals]:
+                if isinstance(v, torch.Tensor):
+                    owner = owners.setdefault(v.untyped_storage()._cdata, n.name)
+                    out.append((n.name, tuple(v.shape), v.stride(), v.storage_offset(),
+                                v.untyped_storage().nbytes(), owner))
+        return out
+
+    fast = described(propagated)
+    monkeypatch.setattr(shapes, "_sized_metas", lambda *a: (_ for _ in ()).throw(RuntimeError("slow path")))
+    slow = described(shapes.concrete_joint(joint, {symbol: 72}))
+    assert fast == slow and len(fast) > 100
+    assert any(shape and 72 in shape for _name, shape, *_ in fast)

@@ -191,18 +191,20 @@ class _Evaluator:
 def _sized(val, binding, mode, storages: dict):
     """``val`` (a node's symbolic value) at ``binding``: a fake tensor of the evaluated size, stride and
     offset on a storage of the evaluated bytes, shared with every other value of the same symbolic
-    storage (views stay views); numbers evaluated; tuples element by element."""
+    storage (views stay views); numbers evaluated; tuples element by element. The tensor is built
+    on the meta device and wrapped as a fake one directly: no op goes through the fake mode."""
     if isinstance(val, torch.Tensor):
+        from torch._subclasses.fake_tensor import FakeTensor
+
         key = val.untyped_storage()._cdata
-        with mode:
-            storage = storages.get(key)
-            if storage is None:
-                nbytes = binding(val.untyped_storage().nbytes())
-                storage = storages[key] = torch.empty(nbytes, dtype=torch.uint8, device=val.device).untyped_storage()
-            out = torch.empty(0, dtype=val.dtype, device=val.device)
-            out.set_(storage, binding(val.storage_offset()), [binding(x) for x in val.shape],
-                     [binding(x) for x in val.stride()])
-        return out.requires_grad_(val.requires_grad) if val.requires_grad and out.is_leaf else out
+        base = storages.get(key)
+        if base is None:
+            nbytes = binding(val.untyped_storage().nbytes())
+            base = storages[key] = torch.empty(nbytes, dtype=torch.uint8, device="meta").untyped_storage()
+        meta = torch.empty(0, dtype=val.dtype, device="meta")
+        meta.set_(base, binding(val.storage_offset()), [binding(x) for x in val.shape],
+                  [binding(x) for x in val.stride()])
+        return FakeTensor(mode, meta, val.device, requires_grad=val.requires_grad)
     if isinstance(val, (tuple, list)):
         return type(val)(_sized(v, binding, mode, storages) for v in val)
     if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
