@@ -230,3 +230,23 @@ def test_a_joint_graph_made_concrete_without_running_ops_matches_fake_propagatio
     slow = described(shapes.concrete_joint(joint, {symbol: 72}))
     assert fast == slow and len(fast) > 100
     assert any(shape and 72 in shape for _name, shape, *_ in fast)
+
+
+def test_a_warm_plan_that_recomputes_is_planned_in_full_once_its_bucket_has_run_enough(monkeypatch):
+    from remat.execute import buckets
+
+    monkeypatch.setattr(buckets, "UPGRADE_AFTER", 3)
+    model = _gpt2()
+    eager = copy.deepcopy(model)
+    m = remat.optimize(model, input_ids=_ids(64), labels=_ids(64), budget=BUDGET, cache=False)
+    seen = []
+    for i, length in enumerate([80, 150, 150, 150, 150]):
+        ids = _ids(length)
+        for a, b in zip(_grads(m, ids, i), _grads(eager, ids, i)):
+            assert torch.equal(a, b), length
+        seen.append(m.plan)
+    warm, *_, full = seen[1:]
+    assert warm.info.get("warm") and warm.recomputations > 0  # fast first, within the budget
+    assert not full.info.get("warm") and full.peak_bytes <= 9 * MiB and full.info["bucket"] == warm.info["bucket"]
+    assert full.step_seconds <= warm.step_seconds  # the full plan is taken only where it is no slower
+    assert seen[3] is full and seen[4] is full  # planned again once, on the UPGRADE_AFTER-th run

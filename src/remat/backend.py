@@ -81,13 +81,15 @@ def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions, 
     """The dispatching forward and backward graphs of a joint graph with symbolic sizes
     (:mod:`remat.execute.buckets`).
 
-    The largest bucket met so far is planned in full (``plan``); a smaller one warm-starts from the
-    plans made so far (:func:`remat.solvers.warm.warm_plan`, when the solver is ``auto``). A fraction
-    budget is of the largest bucket planned so far: its bytes, resolved on that bucket's graph, hold
-    at every smaller bucket too."""
+    With the solver ``auto``, a new bucket first gets a warm plan (:func:`remat.solvers.warm.warm_plan`:
+    store-all, the other buckets' plans, the fast solvers; a full ``auto`` plan only when none of
+    them fits), in a fraction of a second; a bucket whose warm plan recomputes or offloads is planned
+    again in full once it has run ``UPGRADE_AFTER`` steps (:class:`~remat.execute.buckets.BucketedStep`),
+    when the better plan pays for its planning. A fraction budget is of the largest bucket planned so
+    far: its bytes, resolved on that bucket's graph, hold at every smaller bucket too."""
     state: dict = {"size": 0, "bytes": None, "plans": [], "no_workspace": frozenset()}
 
-    def plan_bucket(concrete, key):
+    def plan_bucket(concrete, key, full=False):
         size = 1
         for _name, edge in key:
             size *= edge
@@ -101,7 +103,7 @@ def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions, 
             if largest:
                 state["bytes"] = resolve(captured.graph, budget)
             budget = state["bytes"]
-        if largest or opts.solver != "auto" or opts.plan is not None:
+        if full or opts.solver != "auto" or opts.plan is not None:
             planned = plan(captured.graph, budget)
         else:
             planned = warm_plan(captured.graph, budget, state["plans"], time_limit=opts.time_limit,

@@ -75,14 +75,23 @@ class Bucket:
     backward: Callable
     num_saved: int
     plan_seconds: float
+    runs: int = 0  # forwards run with this bucket's plan
+
+
+UPGRADE_AFTER = 50  # steps after which a bucket's warm plan is replaced by a full one
+
+
+def _upgradable(plan) -> bool:
+    """A warm plan that changes the step (recomputes or offloads): a full plan may do it cheaper."""
+    return bool(plan.info.get("warm")) and (plan.recomputations > 0 or bool(plan.offloaded_values))
 
 
 @dataclass
 class BucketedStep:
     """The dispatcher behind the forward and backward graphs of a joint graph with symbolic sizes.
 
-    ``plan_bucket(concrete_joint_gm, key) -> (capture, plan)`` captures and plans the joint graph
-    made concrete at the bucket's edges; ``lower_fn(capture, plan) -> (fwd_gm, bwd_gm)`` lowers it.
+    ``plan_bucket(concrete_joint_gm, key, full) -> (capture, plan)`` captures and plans the joint
+    graph made concrete at the bucket's edges (``full``: with every solver, not the warm start); ``lower_fn(capture, plan) -> (fwd_gm, bwd_gm)`` lowers it.
     ``edges``: the user's bucket edges (None: powers of two and midpoints)."""
 
     joint: fx.GraphModule
@@ -97,11 +106,19 @@ class BucketedStep:
     sources: list | None = None  # where each symbol is read in the inputs (capture.shapes.symbol_sources)
 
     def bucket(self, args) -> Bucket:
-        """The bucket of the runtime inputs ``args`` (planned now if it is new)."""
+        """The bucket of the runtime inputs ``args`` (planned now if it is new; planned again in
+        full once a warm plan that recomputes or offloads has run ``UPGRADE_AFTER`` steps)."""
         if self.sources is None:
             self.sources = symbol_sources(self.joint)
         self.last_binding = bind_symbols(self.joint, args, self.sources)
         found = self.bucket_for(self.last_binding)
+        found.runs += 1
+        if found.runs == UPGRADE_AFTER and _upgradable(found.plan):
+            upgraded = self._make(found.key, self.last_binding, full=True)
+            if upgraded.plan.step_seconds <= found.plan.step_seconds:
+                found = upgraded
+            else:  # the warm plan was the better one: keep it
+                self.buckets[found.key] = found
         if self.on_run is not None:
             self.on_run(found.plan)
         return found
@@ -117,7 +134,7 @@ class BucketedStep:
             found = self._make(key, binding)
         return found
 
-    def _make(self, key: tuple, binding: dict) -> Bucket:
+    def _make(self, key: tuple, binding: dict, full: bool = False) -> Bucket:
         start = time.perf_counter()
         by_name = {str(s): s for s in binding}
         high = {by_name[name]: edge for name, edge in key}
@@ -133,7 +150,7 @@ class BucketedStep:
             raise err
         try:
             with _random_state_kept():  # profiling runs random ops: the step must draw as if it had not
-                capture, plan = self.plan_bucket(concrete_joint(self.joint, high), key)
+                capture, plan = self.plan_bucket(concrete_joint(self.joint, high), key, full)
         except InfeasibleBudgetError as err:
             err.args = (f"at input sizes up to {sizes} (this bucket; smaller buckets may still fit): {err.args[0]}",)
             err.bucket = dict(key)
@@ -143,7 +160,7 @@ class BucketedStep:
         num_saved = len(fwd.graph.find_nodes(op="output")[0].args[0]) - self.num_fwd_outputs
         plan.info["bucket"] = dict(key)
         plan.info["bucket_seconds"] = seconds = time.perf_counter() - start  # sized, captured, planned, lowered
-        bucket = Bucket(key, plan, boxed(fwd), boxed(bwd), num_saved, seconds)
+        bucket = Bucket(key, plan, boxed(fwd), boxed(bwd), num_saved, seconds, runs=UPGRADE_AFTER if full else 0)
         self.buckets[key] = bucket
         return bucket
 
