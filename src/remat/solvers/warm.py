@@ -3,17 +3,17 @@
 A step captured with dynamic sizes has one graph per bucket with the *same* nodes and values (the
 joint graph made concrete at other sizes: :mod:`remat.capture.shapes`), so a plan made for one
 bucket is a valid instruction sequence for another; only its bytes and seconds change. For a new
-bucket that is not the largest planned so far, :func:`warm_plan` takes the cheapest (predicted
-compute, then peak) of the plans that fit the budget among
+bucket, :func:`warm_plan` takes the cheapest (predicted compute, then peak) of the plans that fit
+the budget among
 
 * the store-everything plan,
 * every other bucket's plan, simulated again over this bucket's graph (a plan made at a larger size
   fits a smaller one: no value of a smaller bucket is larger), and
-* the fast solvers' plans (:data:`FAST`: milliseconds each),
+* the fast solvers' plans (:data:`FAST`: milliseconds each, run only when store-all does not fit),
 
 and falls back to :func:`remat.solvers.planner.make_plan` (every solver ``auto`` runs) when none
-fits. The largest bucket seen so far is planned in full by the caller: it sets the byte budget that
-a fraction resolves to, and its plan is the warm start of every smaller bucket.
+fits. The plan says ``info["warm"]``; the backend plans such a bucket again in full once it has run
+often enough to pay for it (:mod:`remat.execute.buckets`).
 """
 
 from __future__ import annotations
