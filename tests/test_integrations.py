@@ -142,15 +142,8 @@ def _train_gpt2(tmp_path, **compile_args):
     return losses, {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
 
-def test_accelerate_accepts_the_remat_backend():
-    _hf()
-    from accelerate.utils import TorchDynamoPlugin
-
-    assert TorchDynamoPlugin(backend="remat").to_kwargs()["backend"] == "remat"
-
-
-def test_hf_trainer_trains_with_remat(tmp_path, monkeypatch):
-    _hf()
+def _recorded_plans(monkeypatch) -> list:
+    """The plans of every graph the remat backend plans from now on (the Trainer passes no options)."""
     plans = []
     original = BackendOptions.from_dict.__func__
 
@@ -160,13 +153,26 @@ def test_hf_trainer_trains_with_remat(tmp_path, monkeypatch):
         return opts
 
     monkeypatch.setattr(BackendOptions, "from_dict", classmethod(recording))
+    return plans
+
+
+def test_accelerate_accepts_the_remat_backend():
+    _hf()
+    from accelerate.utils import TorchDynamoPlugin
+
+    assert TorchDynamoPlugin(backend="remat").to_kwargs()["backend"] == "remat"
+
+
+def test_hf_trainer_trains_with_remat(tmp_path, monkeypatch):
+    _hf()
+    plans = _recorded_plans(monkeypatch)
     monkeypatch.setenv("REMAT_BUDGET", TRAINER_BUDGET)
     monkeypatch.setenv("REMAT_SOLVER", "rotor")  # fast on this chain; auto would also try the MILP
     ref_losses, ref_state = _train_gpt2(tmp_path / "eager")
     got_losses, got_state = _train_gpt2(tmp_path / "remat", torch_compile=True, torch_compile_backend="remat")
 
-    # remat planned every graph Dynamo made (transformers' GPT-2 breaks the graph before its loss),
-    # each within the budget from the environment, and the model's graph recomputes
+    # remat planned every graph Dynamo made, each within the budget from the environment, and the
+    # model's graph recomputes
     assert plans and all(p.budget_bytes == parse_size(TRAINER_BUDGET) and p.peak_bytes <= p.budget_bytes for p in plans)
     assert any(p.recomputations > 0 for p in plans)
     assert len(got_losses) == len(ref_losses) == 4
@@ -222,15 +228,7 @@ def test_hf_trainer_with_dynamic_padding_plans_per_bucket(tmp_path, monkeypatch)
     break at transformers' loss), planned once per size bucket within REMAT_BUDGET=0.5, and the
     losses match a plain Trainer's step for step."""
     _hf()
-    plans = []
-    original = BackendOptions.from_dict.__func__
-
-    def recording(cls, options=None, environ=None):
-        opts = original(cls, options, environ)
-        opts.on_plan = lambda plan, capture: plans.append(plan)
-        return opts
-
-    monkeypatch.setattr(BackendOptions, "from_dict", classmethod(recording))
+    plans = _recorded_plans(monkeypatch)
     monkeypatch.setenv("REMAT_BUDGET", "0.5")
     ref = _train_gpt2_padded(tmp_path / "eager")
     got = _train_gpt2_padded(tmp_path / "remat", torch_compile=True, torch_compile_backend="remat")

@@ -407,15 +407,7 @@ def plan_lengths(model, *example_args, lengths: tuple[int, int], dim: int = 1, b
 
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace, time_limit=time_limit,
                    solver_options=solver_options or {}, cache=cache, buckets=buckets, on_step=stop)
-    check_unwrapped(model)
-    compiled = _compile(model, options)
-    try:
-        with training_step_mode(), no_lasting_effects(model):
-            compiled(*example_args, **example_kwargs)
-    except Exception as err:
-        inner = unwrap_compile_error(err, model)
-        if not isinstance(inner, PlanReady):
-            raise inner from err
+    _capture_until_planned(model, options, example_args, example_kwargs)
     if not steps:
         raise CaptureError(f"the step did not vary with dimension {dim} of its inputs: nothing to plan per length")
     step = steps[0]
@@ -434,8 +426,6 @@ def plan_lengths(model, *example_args, lengths: tuple[int, int], dim: int = 1, b
 def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_model=DEFAULT_COST_MODEL, workspace="measure",
                      time_limit=None, solver_options=None, cache=True, **example_kwargs) -> tuple[Plan, Capture]:
     """Like :func:`plan`, also returning the :class:`~remat.capture.Capture`."""
-    check_unwrapped(model)
-    check_materialized(model, example_args, example_kwargs)
     result: list = []
 
     def stop(plan: Plan, capture: Capture):
@@ -445,6 +435,18 @@ def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_mode
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
                    time_limit=time_limit, solver_options=solver_options or {}, on_plan=stop, cache=cache)
     _warn_if_not_training(model)
+    _capture_until_planned(model, options, example_args, example_kwargs)
+    if not result:
+        raise CaptureError(_NO_TRAINING_GRAPH)
+    return result[0]
+
+
+def _capture_until_planned(model, options: dict, example_args: tuple, example_kwargs: dict) -> None:
+    """Capture ``model``'s step with ``options``, whose callback raises :class:`PlanReady` once it has
+    what it needs (no step runs): remat's own errors reach the caller unwrapped, and an exception the
+    model's forward raises reaches it as plain PyTorch gives it."""
+    check_unwrapped(model)
+    check_materialized(model, example_args, example_kwargs)
     compiled = _compile(model, options)
     try:
         with training_step_mode():
@@ -458,6 +460,3 @@ def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_mode
             if inner is err:
                 raise
             raise inner from err
-    if not result:
-        raise CaptureError(_NO_TRAINING_GRAPH)
-    return result[0]

@@ -176,12 +176,7 @@ class _Evaluator:
     def __call__(self, x):
         if not isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return x
-        node = x.node
-        if node.is_nested_int() if hasattr(node, "is_nested_int") else False:
-            return evaluate(x, self.binding)
-        key = (type(x), node._expr) if hasattr(node, "_expr") else None
-        if key is None:
-            return evaluate(x, self.binding)
+        key = (type(x), _expr(x))
         value = self.known.get(key)
         if value is None:
             value = self.known[key] = evaluate(x, self.binding)

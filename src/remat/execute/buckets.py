@@ -73,8 +73,6 @@ class Bucket:
     plan: object
     forward: Callable
     backward: Callable
-    num_saved: int
-    plan_seconds: float
     runs: int = 0  # forwards run with this bucket's plan
 
 
@@ -157,10 +155,9 @@ class BucketedStep:
             self.refused[key] = err
             raise
         fwd, bwd = self.lower_fn(capture, plan)
-        num_saved = len(fwd.graph.find_nodes(op="output")[0].args[0]) - self.num_fwd_outputs
         plan.info["bucket"] = dict(key)
-        plan.info["bucket_seconds"] = seconds = time.perf_counter() - start  # sized, captured, planned, lowered
-        bucket = Bucket(key, plan, boxed(fwd), boxed(bwd), num_saved, seconds, runs=UPGRADE_AFTER if full else 0)
+        plan.info["bucket_seconds"] = time.perf_counter() - start  # sized, captured, planned, lowered
+        bucket = Bucket(key, plan, boxed(fwd), boxed(bwd), runs=UPGRADE_AFTER if full else 0)
         self.buckets[key] = bucket
         return bucket
 

@@ -36,7 +36,7 @@ import secrets
 import torch
 import torch.fx as fx
 
-from ..capture.joint import Capture, is_batch_norm_with_stats
+from ..capture.joint import Capture, is_batch_norm_with_stats, is_size_value
 from ..errors import InvalidPlanError
 from ..plan import COMPUTE, FREE, OFFLOAD, RELOAD, Plan, PlanGraphMismatchError
 from . import offload as stores
@@ -129,8 +129,7 @@ class _Lowering:
         return False
 
     def _size_reads_tensor(self, node: fx.Node) -> bool:
-        return any(a not in self.cap.shape_nodes and not isinstance(a.meta.get("val"), (int, torch.SymInt))
-                   for a in node.all_input_nodes)
+        return any(a not in self.cap.shape_nodes and not is_size_value(a.meta.get("val")) for a in node.all_input_nodes)
 
     def _emit_ready_sizes(self):
         """In the forward: copy each size read off a tensor (``sym_size(x, 1)``) as soon as its

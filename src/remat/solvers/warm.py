@@ -18,6 +18,7 @@ often enough to pay for it (:mod:`remat.execute.buckets`).
 
 from __future__ import annotations
 
+import copy
 import time
 
 from ..errors import InvalidPlanError, SolverError
@@ -58,9 +59,8 @@ def warm_plan(graph: Graph, budget, neighbours: list[Plan], *, time_limit: float
     fits = [c for c in candidates if budget_bytes is None or c.peak_bytes <= budget_bytes]
     if not fits:
         return make_plan(graph, budget, time_limit=time_limit, **options)
-    best = min(fits, key=lambda p: (p.compute_seconds, p.peak_bytes))
-    plan = Plan(graph, best.instructions, best.boundary, budget_bytes, best.solver,
-                info={**best.info, "warm": True})
+    plan = copy.copy(min(fits, key=lambda p: (p.compute_seconds, p.peak_bytes)))  # store-all's is the memo's
+    plan.budget_bytes, plan.info = budget_bytes, {**plan.info, "warm": True}
     plan.solve_seconds = time.perf_counter() - start
     return plan
 
