@@ -253,3 +253,51 @@ def test_a_warm_plan_that_recomputes_is_planned_in_full_once_its_bucket_has_run_
     assert not full.info.get("warm") and full.peak_bytes <= 9 * MiB and full.info["bucket"] == warm.info["bucket"]
     kept = seen[3]  # the full plan where it is no slower, else the warm one
     assert kept is (full if full.step_seconds <= warm.step_seconds else warm) and seen[4] is kept
+
+
+@pytest.fixture(scope="module")
+def compiled_gpt2():
+    """The zoo's tiny GPT-2 under remat.compile at 9 MiB, dropout drawn as eager draws it
+    (``fallback_random``), and an eager twin."""
+    model = _gpt2()
+    eager = copy.deepcopy(model)
+    m = remat.compile(model, budget=BUDGET, cache=False, options={"fallback_random": True})
+    return model, m, eager
+
+
+def test_thirty_lengths_through_remat_compile(compiled_gpt2):
+    """Inductor: the first shape compiled for itself, then one compilation per size bucket, with
+    dynamic-shape kernels that every length of the bucket runs (no capture, no plan for those);
+    gradients as eager's (Inductor's kernels: to a tolerance), the measured peak within the budget."""
+    model, m, eager = compiled_gpt2
+    lengths = random.Random(1).sample(range(33, 193), 30)  # 5 buckets: 48, 64, 96, 128, 192
+    for i, length in enumerate(lengths):
+        ids = _ids(length)
+        for a, b in zip(_grads(m, ids, seed=i), _grads(eager, ids, seed=i)):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        assert i == 0 or list(m.plan.info["bucket"].values()) == [bucket_edge(length)]  # the plan that ran
+        if i % 6 == 0 or length == max(lengths):
+            def step():
+                torch.manual_seed(i)
+                m(input_ids=ids, labels=ids).backward()
+
+            peak = measure_step(step, setup=lambda: model.zero_grad(set_to_none=True), warmup=0, repeats=1).peak_bytes
+            assert peak <= 9 * MiB, f"length {length}: measured {peak / MiB:.2f} MiB over the 9 MiB budget"
+    buckets = {bucket_edge(n) for n in lengths[1:]}
+    dynamic = [p for p in m.plans if "bucket" in p.info]
+    assert sorted(edge for p in dynamic for edge in p.info["bucket"].values()) == sorted(buckets)  # one per bucket
+    assert len(m.plans) == len(buckets) + 1 and all(p.peak_bytes <= 9 * MiB for p in m.plans)
+    assert any(p.recomputations for p in dynamic), "the longest lengths must need recomputation"
+
+
+def test_a_length_over_the_budget_raises_under_remat_compile_and_the_next_one_runs(compiled_gpt2):
+    model, m, eager = compiled_gpt2
+    for _ in range(2):  # the bucket is refused, then refused again without planning again
+        too_long = _ids(250)
+        with pytest.raises(InfeasibleBudgetError, match="at input sizes up to .*256") as info:
+            m(input_ids=too_long, labels=too_long).backward()
+        assert info.value.min_budget_bytes > 9 * MiB
+    ids = _ids(150)
+    for a, b in zip(_grads(m, ids, seed=3), _grads(eager, ids, seed=3)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert m.plan.info["bucket"] and m.plan.peak_bytes <= 9 * MiB

@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from .backend import BackendOptions, remat_backend
+from .capture.shapes import bucket_edge
 from .capture import (Capture, PlanReady, check_materialized, check_unwrapped, detached_copies, no_lasting_effects,
                       training_step_mode, unwrap_compile_error, users_own_exception)
 from .cost import DEFAULT_COST_MODEL, INDUCTOR_COST_MODEL
@@ -95,13 +96,18 @@ class _WeakCallback:
             method(*args)
 
 
-def _too_many_captures(compiler: str) -> str:
-    why = ("remat.compile captures each input shape on its own (Inductor's path does not bucket sizes yet): "
-           "train on many lengths with remat.optimize, which plans per size bucket, or pad to a few lengths"
-           if compiler == "inductor" else
-           "something other than sizes changes from call to call (a Python number, a flag, the inputs' "
-           "dtypes, devices or aliasing); make it the same at every call, or pass it as a tensor")
+def _too_many_captures() -> str:
+    why = ("each input shape of the first kind and each size bucket after it is a capture; something other "
+           "than sizes changes from call to call (a Python number, a flag, the inputs' dtypes, devices or "
+           "aliasing), or the sizes span more buckets than that: make the rest the same at every call, or give "
+           "wider buckets (buckets=[...])")
     return f"this module has been captured {RECOMPILE_LIMIT} times, the most remat allows: {why}"
+
+
+def _input_sizes(args: tuple, kwargs: dict) -> tuple:
+    """The shapes of the tensors among a call's arguments, in order."""
+    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+    return tuple(tuple(x.shape) for x in leaves if isinstance(x, torch.Tensor))
 
 
 class RematModule(nn.Module):
@@ -131,6 +137,8 @@ class RematModule(nn.Module):
         options["on_plan"] = _WeakCallback(self._record)
         options["on_run"] = _WeakCallback(self._ran)
         self._remat_last_run: Plan | None = None
+        self._remat_call_sizes: tuple | None = None  # Inductor: the input sizes of the call under way
+        self._remat_compiled_plans: dict = {}  # Inductor: _sizes_key -> plan
         self._remat_compiler = compiler
         object.__setattr__(self, "_remat_partitioner", None)
         if compiler == "inductor":
@@ -144,7 +152,7 @@ class RematModule(nn.Module):
         """Compile with Inductor and ``part`` as its partitioner (again: a fresh entry point)."""
         settings = self._remat_inductor
         opts = inductor.inductor_options(part, mode=settings["mode"], options=settings["options"])
-        kwargs = {"fullgraph": True, "dynamic": False, **settings["compile_kwargs"]}
+        kwargs = {"fullgraph": True, **settings["compile_kwargs"]}
         object.__setattr__(self, "_remat_partitioner", part)
         object.__setattr__(self, "_remat_compiled",
                            torch.compile(_entry_point(self._remat_original), backend="inductor", options=opts, **kwargs))
@@ -152,6 +160,24 @@ class RematModule(nn.Module):
     def _record(self, plan: Plan, capture: Capture) -> None:
         self._remat_plans.append(plan)  # not the capture: it holds fake tensors (no deepcopy)
         self._remat_last_run = None
+        if self._remat_compiler == "inductor" and self._remat_call_sizes is not None:
+            self._remat_compiled_plans[self._sizes_key(self._remat_call_sizes, "bucket" in plan.info)] = plan
+
+    def _sizes_key(self, sizes: tuple, bucketed: bool) -> tuple:
+        """An Inductor plan's key: the input sizes of the call it was made for, each rounded up to its
+        bucket's edge for a plan made for a size bucket."""
+        if not bucketed:
+            return ("exact", sizes)
+        edges = self._remat_partitioner.options.buckets
+        edges = tuple(sorted(edges)) if edges else None
+        return ("bucket", tuple(tuple(bucket_edge(d, edges) for d in shape) for shape in sizes))
+
+    def _inductor_plan_for(self, sizes: tuple) -> Plan | None:
+        """The plan Inductor's compiled step runs for inputs of ``sizes``: its size bucket's, else the
+        plan made for those exact sizes. (Dynamo keeps a compiled step per bucket, and one for the
+        first input shape, which a later bucket's covers too; both hold the budget.)"""
+        plans = self._remat_compiled_plans
+        return plans.get(self._sizes_key(sizes, True)) or plans.get(self._sizes_key(sizes, False))
 
     def _ran(self, plan: Plan) -> None:
         self._remat_last_run = plan
@@ -178,17 +204,22 @@ class RematModule(nn.Module):
     def forward(self, *args, **kwargs):
         if not torch.is_grad_enabled():
             return self._remat_original(*args, **kwargs)
+        if self._remat_compiler == "inductor":
+            self._remat_call_sizes = _input_sizes(args, kwargs)
         try:
             try:
-                return self._remat_compiled(*args, **kwargs)
+                out = self._remat_compiled(*args, **kwargs)
             except torch._dynamo.exc.FailOnRecompileLimitHit:
-                # each new input shape is a new capture and plan: allow more than Dynamo's default 8,
-                # paying for the config patch (~0.2 ms) only on the call that needs it
+                # each new input shape (or size bucket) is a new capture and plan: allow more than
+                # Dynamo's default 8, paying for the config patch (~0.2 ms) only on the call that needs it
                 with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                     try:
-                        return self._remat_compiled(*args, **kwargs)
+                        out = self._remat_compiled(*args, **kwargs)
                     except torch._dynamo.exc.FailOnRecompileLimitHit as hit:
-                        raise RematError(_too_many_captures(self._remat_compiler)) from hit
+                        raise RematError(_too_many_captures()) from hit
+            if self._remat_compiler == "inductor":
+                self._remat_last_run = self._inductor_plan_for(self._remat_call_sizes)
+            return out
         except Exception as err:  # surface remat's own errors, not Dynamo's wrapper
             inner = unwrap_compile_error(err, self._remat_original)
             if isinstance(inner, CaptureError):
@@ -314,6 +345,7 @@ def compile(
     solver_options: dict | None = None,
     cache: bool = True,
     offload_dir: str | None = None,
+    buckets: list[int] | None = None,
     calibrate: bool = True,
     example_kwargs: dict | None = None,
     **compile_kwargs,
@@ -325,18 +357,25 @@ def compile(
     ``torch.compile``. With example inputs, the step is planned now (and, with ``calibrate``, measured
     once and re-planned while above the budget), as :func:`optimize` does; without, at the first
     training call. Returns a module sharing ``model``'s parameters and state_dict; ``.plan`` is the plan.
+
+    Inputs of many sizes: the first shape is compiled for itself; from the second, Dynamo captures the
+    step with the changed sizes symbolic, and each **size bucket** (``buckets``: edges, as in
+    :func:`optimize`; default powers of two and midpoints) gets one plan, made at the bucket's edge,
+    and one compilation with Inductor's dynamic-shape kernels, which every size of the bucket runs
+    (guarded: a size outside it compiles the next bucket). Such buckets plan recomputation only: the
+    offloading solvers' copies are written for one size.
     """
     if not example_args and not example_kwargs:
         _warn_if_not_training(model)
         check_materialized(model)
         remat_options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
                              time_limit=time_limit, solver_options=solver_options or {}, cache=cache,
-                             offload_dir=offload_dir)
+                             offload_dir=offload_dir, buckets=buckets)
         return RematModule(model, remat_options, compiler="inductor", mode=mode, inductor_options=options,
                            compile_kwargs=compile_kwargs)
     wrapped = optimize(model, *example_args, budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
                        time_limit=time_limit, solver_options=solver_options, cache=cache, offload_dir=offload_dir,
-                       compiler="inductor",
+                       buckets=buckets, compiler="inductor",
                        mode=mode, inductor_options=options, calibrate=calibrate, compile_kwargs=compile_kwargs,
                        **(example_kwargs or {}))
     return wrapped
@@ -384,7 +423,7 @@ def plan_lengths(model, *example_args, lengths: tuple[int, int], dim: int = 1, b
     :func:`optimize` does when that length arrives (``buckets``: edges, as the backend option; a
     byte ``budget`` holds at every bucket, a fraction is of the largest bucket's changeable memory).
     Nothing runs. Returns one :class:`LengthPlan` per bucket, smallest first."""
-    from .capture.shapes import bucket_edge, example_binding
+    from .capture.shapes import example_binding
 
     lo, hi = (int(x) for x in lengths)
     if not 1 <= lo <= hi:

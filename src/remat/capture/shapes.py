@@ -252,6 +252,40 @@ def concrete_joint(joint: fx.GraphModule, binding: dict) -> fx.GraphModule:
     return gm
 
 
+def _symbol_ints(joint: fx.GraphModule) -> dict:
+    """``{symbol: a SymInt of the joint graph's inputs that is exactly that symbol}``."""
+    found: dict = {}
+    for n in joint.graph.find_nodes(op="placeholder"):
+        for x in _sym_vals(n.meta.get("val")):
+            if isinstance(x, torch.SymInt) and isinstance(_expr(x), sympy.Symbol):
+                found.setdefault(_expr(x), x)
+    return found
+
+
+def guard_bucket(joint: fx.GraphModule, edges: Sequence[int] | None = None) -> tuple[dict, dict]:
+    """``(low, high)``: the ends of the bucket of every symbol's traced value (its hint), and a
+    guard ``low <= symbol <= high`` for each in the shape environment, which the compiler that
+    traced ``joint`` (Dynamo) checks before running what it compiles from it: a size outside the
+    bucket makes it capture again, and the new graph is planned for that size's bucket.
+
+    For a compiler whose graphs run every size the guards admit (Inductor's dynamic-shape kernels),
+    this is what makes one plan per bucket: the plan is made at ``high`` (:func:`concrete_joint`) and,
+    with :func:`check_monotone`, holds at every size down to ``low``."""
+    hints = example_binding(joint)
+    ints = _symbol_ints(joint)
+    low, high = {}, {}
+    for symbol, value in sorted(hints.items(), key=lambda kv: str(kv[0])):
+        high[symbol] = bucket_edge(value, edges)
+        low[symbol] = min(lower_end(high[symbol], edges), value)
+        size = ints.get(symbol)
+        if size is None:
+            raise CaptureError(f"remat cannot bound the size {symbol}: no input of the captured step is that size")
+        # evaluating the comparisons records them as guards (true at the hint, by construction)
+        if not (bool(size <= high[symbol]) and bool(size >= low[symbol])):
+            raise AssertionError(f"{symbol}={value} outside its bucket {low[symbol]}..{high[symbol]}")
+    return low, high
+
+
 def _storage_bytes_expr(val: torch.Tensor):
     try:
         return val.untyped_storage().nbytes()
@@ -276,4 +310,4 @@ def check_monotone(joint: fx.GraphModule, low: dict, high: dict) -> list[str]:
 
 
 __all__ = ["symbols_of", "example_binding", "symbol_sources", "is_dynamic", "bind_symbols", "evaluate", "default_edges", "bucket_edge", "bucket_of",
-           "lower_end", "concrete_joint", "check_monotone"]
+           "lower_end", "concrete_joint", "check_monotone", "guard_bucket"]

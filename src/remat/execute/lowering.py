@@ -37,7 +37,7 @@ import torch
 import torch.fx as fx
 
 from ..capture.joint import Capture, is_batch_norm_with_stats, is_size_value
-from ..errors import InvalidPlanError
+from ..errors import CaptureError, InvalidPlanError
 from ..plan import COMPUTE, FREE, OFFLOAD, RELOAD, Plan, PlanGraphMismatchError
 from . import offload as stores
 from .offload import FILE_STORE, PINNED_STORE, OffloadStore, offload_directory
@@ -191,6 +191,52 @@ class _Lowering:
         self.saved_order.append((key, src))
         return ph
 
+    def _bind_saved_symbols(self):
+        """AOTAutograd's order for a compiler's graphs with symbolic sizes: the backward reads every
+        size symbol of what it takes in from a saved number that is that symbol, and saved numbers
+        come first in the backward's inputs (last in the forward's outputs), those binding a symbol
+        before those computed from them. Adds the binding numbers the backward does not read itself
+        (Inductor sizes its inputs from them)."""
+        from torch.fx.experimental.symbolic_shapes import free_symbols, is_symbol_binding_fx_node
+
+        placeholders = list(self.bwd.find_nodes(op="placeholder"))
+        needed = set()
+        for ph in placeholders:
+            needed |= free_symbols(ph.meta.get("val"))
+        if not needed:
+            return
+        bound = {is_symbol_binding_fx_node(ph) for ph in placeholders} - {None}
+        forward_bindings = {}
+        for n in self.fwd.nodes:
+            symbol = is_symbol_binding_fx_node(n)
+            if symbol is not None:
+                forward_bindings.setdefault(symbol, n)
+        for symbol in sorted(needed - bound, key=str):
+            src = forward_bindings.get(symbol)
+            if src is None:
+                raise InvalidPlanError(f"the backward is sized by {symbol}, which no forward value binds")
+            key = ("size", src)
+            with self.bwd.inserting_before(self.first_tangent):
+                ph = self.bwd.placeholder(f"size_{src.name}")
+            ph.meta.update(src.meta)
+            self.saved_placeholder[key] = ph
+            self.saved_order.append((key, src))
+
+        def rank(item) -> int:  # binding numbers, other numbers, tensors
+            val = item[1].meta.get("val")
+            if not is_size_value(val):
+                return 2
+            return 0 if is_symbol_binding_fx_node(item[1]) is not None else 1
+
+        # stable: within each rank, the order the backward first read them in
+        self.saved_order = sorted(self.saved_order, key=rank)
+        anchor = self.first_tangent or next(n for n in self.bwd.nodes if n.op != "placeholder")
+        for key, _src in self.saved_order:
+            anchor.prepend(self.saved_placeholder[key])
+        # the forward returns its tensors first, then its numbers (their order as in the backward)
+        self.saved_order = ([item for item in self.saved_order if rank(item) == 2]
+                            + [item for item in self.saved_order if rank(item) != 2])
+
     def _key_name(self, key) -> str:
         if key[0] == "size":
             return f"size_{key[1].name}"
@@ -270,6 +316,11 @@ class _Lowering:
         args = fx.map_arg(op.args, self._resolve)
         kwargs = fx.map_arg(op.kwargs, self._resolve)
         call, tensors = encode_call(op.target, args, kwargs)
+        if any(is_size_value(t.meta.get("val")) for t in tensors if isinstance(t, fx.Node)):
+            raise CaptureError(
+                f"remat cannot replay {op.target} under a compiler with sizes that change from call to call (its "
+                "call is written for one size): use Inductor's own random numbers (no fallback_random), "
+                "remat.optimize, or inputs of one size")
         outputs_val = op.meta.get("val")
         outputs_val = list(outputs_val) if isinstance(outputs_val, (tuple, list)) else [outputs_val]
         state = self._rng_state_of(nid)
@@ -382,6 +433,8 @@ class _Lowering:
         grads = [self._resolve(x) if isinstance(x, fx.Node) else x for x in cap.bwd_outputs]
         self.bwd.output(tuple(grads))
 
+        if self.compiled:
+            self._bind_saved_symbols()
         saved_sources = [src for _key, src in self.saved_order]
         self.fwd.output(tuple(fwd_user_outputs + saved_sources))
         fwd_gm = fx.GraphModule(cap.joint, self.fwd)

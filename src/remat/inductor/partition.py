@@ -85,9 +85,11 @@ from typing import Any
 import torch
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
+from ..budget import is_fraction
 from ..capture import capture_joint, joint_device
+from ..capture.shapes import check_monotone, concrete_joint, guard_bucket, is_dynamic
 from ..cost import INDUCTOR_COST_MODEL, make_cost_fn, make_workspace_fn
-from ..errors import InfeasibleBudgetError
+from ..errors import CaptureError, InfeasibleBudgetError
 from ..execute import compiled_ops  # noqa: F401  (registers remat's operators before any compiled graph runs)
 from ..execute.lowering import lower
 from ..execute.transfer import make_transfer_meta
@@ -150,6 +152,15 @@ def plan_into_reused_bytes(plan, budget_bytes: int, make, rounds: int = SLACK_RO
     return plan
 
 
+def _symbolic_again(joint: torch.fx.GraphModule, planned: torch.fx.GraphModule) -> None:
+    """Give the nodes of ``planned`` (a copy of ``joint`` made concrete at a bucket's edge, which was
+    captured and planned) ``joint``'s symbolic values again, so that the graphs lowered from it carry
+    them and Inductor compiles kernels for every size of the bucket."""
+    for symbolic, concrete in zip(joint.graph.nodes, planned.graph.nodes):
+        if "val" in symbolic.meta:
+            concrete.meta["val"] = symbolic.meta["val"]
+
+
 def with_transfer_costs(fused: Fused, transfer: dict) -> Fused:
     """``fused`` with the offload tier's costs in the meta of its graph and of the op-level graph
     (what the planners and the expansion of an offloading plan read)."""
@@ -180,35 +191,52 @@ class RematPartitioner(CustomPartitionerFn):
         self.margin_bytes = int(margin_bytes)
         self.last_plan = None
         self.last_budget_bytes: int | None = None
+        self.largest_bucket: tuple[int, int | None] = (0, None)  # (size, a fraction's bytes there)
+        self.refused: dict = {}  # bucket -> the error its planning raised (raised again, not planned again)
 
     def __call__(self, gm: torch.fx.GraphModule, joint_inputs, *, num_fwd_outputs: int, **_kwargs):
         install_plan_order_choices()  # before Inductor schedules the two graphs returned here
         install_one_call_per_kernel()
         opts = self.options
         device = joint_device(gm)
+        bucket = self._bucket(gm) if is_dynamic(gm) else None
+        key = None if bucket is None else tuple(sorted((str(s), edge) for s, edge in bucket.items()))
+        if key in self.refused:
+            raise self.refused[key]
         seeded_copies = draw_random_per_reader(gm)
         light_copies = recompute_light_values_per_reader(gm)
+        # a graph with symbolic sizes is planned at its bucket's edge, and lowered with its symbolic sizes
+        planned_gm = gm if bucket is None else concrete_joint(gm, bucket)
         costs = InductorCostModel(device) if opts.cost_model == "inductor" else None
         capture = capture_joint(
-            gm, num_fwd_outputs,
+            planned_gm, num_fwd_outputs,
             cost_fn=costs.node_seconds if costs else make_cost_fn(opts.cost_model, device),
             workspace_fn=make_workspace_fn(opts.workspace),
             transfer=compiled_transfer_meta(device) if opts.solver in OFFLOADING_SOLVERS else None,
         )
         fused = fuse(capture, kernel_seconds=costs.kernel_seconds if costs else None)
-        if opts.solver == "auto" and is_min(opts.budget):  # the smallest peak, offloading included
+        may_offload = opts.solver == "auto" and opts.plan is None and bucket is None
+        if may_offload and is_min(opts.budget):  # the smallest peak, offloading included
             fused = with_transfer_costs(fused, compiled_transfer_meta(device))
         try:
-            plan = self._plan(fused)
-        except InfeasibleBudgetError:
-            if opts.solver != "auto" or uses_swaps(fused.graph) or opts.plan is not None:
+            plan = self._plan(fused, bucket=bucket)
+        except InfeasibleBudgetError as err:
+            if not may_offload or uses_swaps(fused.graph):
+                if bucket is not None:
+                    sizes = ", ".join(f"{s}={edge}" for s, edge in sorted(bucket.items(), key=str))
+                    err.args = (f"at input sizes up to {sizes} (this bucket; smaller ones may still fit): {err.args[0]}",)
+                    err.bucket = dict(key)
+                    self.refused[key] = err
                 raise
             # below what recomputation reaches: auto offloads too (its error then names that minimum)
             fused = with_transfer_costs(fused, compiled_transfer_meta(device))
             plan = self._plan(fused, reuse_rounds=OFFLOAD_TRY_REUSE_ROUNDS)
         else:
-            if opts.solver == "auto" and not uses_swaps(fused.graph) and opts.plan is None:
+            if may_offload and not uses_swaps(fused.graph):
                 fused, plan = self._offload_if_much_cheaper(fused, plan, device)
+        if bucket is not None:
+            plan.info["bucket"] = {str(s): edge for s, edge in sorted(bucket.items(), key=str)}
+            _symbolic_again(gm, planned_gm)
         self.last_plan = plan
         if opts.on_plan is not None:
             opts.on_plan(plan, capture)
@@ -221,12 +249,40 @@ class RematPartitioner(CustomPartitionerFn):
         tag_plan_memory(graphs, plan, expanded, fused.members)
         return graphs
 
-    def _plan(self, fused, reuse_rounds: int = SLACK_ROUNDS):
+    def _bucket(self, gm) -> dict:
+        """``{symbol: edge}`` of the bucket of a joint graph with symbolic sizes, guarded so that
+        only sizes in it run the graphs compiled from this one (:func:`remat.capture.shapes.guard_bucket`)."""
+        opts = self.options
+        if opts.solver in OFFLOADING_SOLVERS:
+            raise CaptureError(
+                f"remat.compile cannot offload in a step captured with dynamic sizes (solver {opts.solver!r}): its "
+                "copies are written for one size; use remat.optimize for inputs of many sizes with offloading, or "
+                "a recomputing solver")
+        edges = tuple(sorted(opts.buckets)) if opts.buckets else None
+        low, high = guard_bucket(gm, edges)
+        larger = check_monotone(gm, low, high)
+        if larger:
+            raise CaptureError(
+                f"remat cannot plan the bucket up to {high}: {len(larger)} value(s) ({', '.join(larger[:4])}) hold "
+                "more memory at the bucket's smallest sizes than at its edge, so its plan would not hold there; give "
+                "bucket edges (buckets=[...]) that put those sizes in buckets of their own")
+        return high
+
+    def _plan(self, fused, reuse_rounds: int = SLACK_ROUNDS, bucket: dict | None = None):
         """The plan of ``fused``'s graph at the budget less the margin (raised into the bytes
-        Inductor writes in place where that fits, in at most ``reuse_rounds`` more plans)."""
+        Inductor writes in place where that fits, in at most ``reuse_rounds`` more plans). In a
+        ``bucket``, a fraction budget is of the largest bucket planned so far (its bytes hold at
+        every smaller bucket)."""
         opts = self.options
         budget = opts.budget
         budget_bytes = None if budget is None else resolve(fused.graph, budget, opts.solver)
+        if bucket is not None and is_fraction(budget):
+            size = 1
+            for edge in bucket.values():
+                size *= edge
+            if size >= self.largest_bucket[0]:
+                self.largest_bucket = (size, budget_bytes)
+            budget = budget_bytes = self.largest_bucket[1]
         self.last_budget_bytes = budget_bytes
         if budget_bytes is not None and self.margin_bytes:
             budget = max(0, budget_bytes - self.margin_bytes)
@@ -279,6 +335,7 @@ class RematPartitioner(CustomPartitionerFn):
         state = dict(self.__dict__)
         state["options"] = dataclasses.replace(self.options, on_plan=None, on_run=None, on_step=None)
         state["last_plan"] = None
+        state["refused"] = {}
         return state
 
     def uuid(self) -> str:

@@ -86,9 +86,16 @@ def store_random_masks(graphs, expanded, fused: Fused) -> int:
             readers = _readers_through_views(n)
             if len(readers) != 1 or not inlines_its_inputs(readers[0]):
                 continue
-            with gm.graph.inserting_after(n):
-                stored_copy = gm.graph.call_function(realize, (n, list(val.stride())))
-            n.replace_all_uses_with(stored_copy, delete_user_cb=lambda user: user is not stored_copy)
+            stride, last = list(val.stride()), n
+            for d, step in enumerate(stride):  # a symbolic stride: read off the value at run time
+                if isinstance(step, torch.SymInt):
+                    with gm.graph.inserting_after(last):
+                        stride[d] = last = gm.graph.call_function(torch.ops.aten.sym_stride.int, (n, d))
+                    last.meta["val"] = step
+            with gm.graph.inserting_after(last):
+                stored_copy = gm.graph.call_function(realize, (n, stride))
+            own = {stored_copy, *(x for x in stride if isinstance(x, torch.fx.Node))}
+            n.replace_all_uses_with(stored_copy, delete_user_cb=lambda user: user not in own)
             stored_copy.meta.update(n.meta)
             count += 1
         if count > stored_before:
