@@ -216,6 +216,19 @@ def _sized_metas(graph: fx.Graph, originals, binding: dict, mode) -> None:
             new.meta["val"] = _sized(old.meta["val"], evaluator, mode, storages)
 
 
+class _UncompiledModule(fx.GraphModule):
+    """A GraphModule without its Python code: the concrete copy is read and planned, never called
+    (an ``fx.Interpreter`` reads the graph itself), and generating the code of a large joint graph
+    took a tenth of a second per bucket."""
+
+    def recompile(self):
+        return None
+
+
+def _uncompiled_module(root: fx.GraphModule, graph: fx.Graph) -> fx.GraphModule:
+    return _UncompiledModule(root, graph)
+
+
 def concrete_joint(joint: fx.GraphModule, binding: dict) -> fx.GraphModule:
     """A copy of ``joint`` whose fake tensors have the sizes ``binding`` gives its symbols. Node names
     and arguments are the original's (view sizes still read the symbol inputs).
@@ -231,7 +244,7 @@ def concrete_joint(joint: fx.GraphModule, binding: dict) -> fx.GraphModule:
     graph.output(out)
     for old, new in zip(joint.graph.nodes, graph.nodes):
         new.meta = dict(old.meta)
-    gm = fx.GraphModule(joint, graph)
+    gm = _uncompiled_module(joint, graph)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
         _sized_metas(graph, list(joint.graph.nodes), binding, mode)

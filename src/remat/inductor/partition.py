@@ -80,6 +80,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import time
 from typing import Any
 
 import torch
@@ -195,6 +196,7 @@ class RematPartitioner(CustomPartitionerFn):
         self.refused: dict = {}  # bucket -> the error its planning raised (raised again, not planned again)
 
     def __call__(self, gm: torch.fx.GraphModule, joint_inputs, *, num_fwd_outputs: int, **_kwargs):
+        started = time.perf_counter()
         install_plan_order_choices()  # before Inductor schedules the two graphs returned here
         install_one_call_per_kernel()
         opts = self.options
@@ -247,6 +249,7 @@ class RematPartitioner(CustomPartitionerFn):
         plan.info["light_copies"] = light_copies
         plan.info["stored_masks"] = store_random_masks(graphs, expanded, fused)
         tag_plan_memory(graphs, plan, expanded, fused.members)
+        plan.info["partition_seconds"] = time.perf_counter() - started  # captured, planned, lowered
         return graphs
 
     def _bucket(self, gm) -> dict:
