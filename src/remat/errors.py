@@ -14,16 +14,21 @@ class InfeasibleBudgetError(RematError):
     ``solver="auto"``: the smallest over every solver ``auto`` may use), and
     ``min_budget_fraction`` the same budget as a fraction (see :mod:`remat.budget`; None when
     no fraction reaches it). Passing either back as the budget, or ``budget="min"``, plans.
+
+    A budget below ``lower_bound_bytes`` (set when the budget was refused without searching: no plan
+    can peak below it) is answered at once; ``min_budget_bytes`` is then the smallest peak the quick
+    planners found, a budget that plans, and the exact minimum lies between the two.
     """
 
     def __init__(self, budget_bytes: int, min_budget_bytes: int, detail: str = "", *,
                  min_budget_fraction: float | None = None, budget_fraction: float | None = None,
-                 solver: str | None = None):
+                 solver: str | None = None, lower_bound_bytes: int | None = None):
         self.budget_bytes = int(budget_bytes)
         self.min_budget_bytes = int(min_budget_bytes)
         self.min_budget_fraction = min_budget_fraction
         self.budget_fraction = budget_fraction
         self.solver = solver
+        self.lower_bound_bytes = lower_bound_bytes
         asked = f"{format_bytes(budget_bytes)} ({budget_bytes} bytes"
         asked += f", fraction {budget_fraction:g})" if budget_fraction is not None else ")"
         least = f"{format_bytes(min_budget_bytes)} ({min_budget_bytes} bytes"
@@ -32,10 +37,17 @@ class InfeasibleBudgetError(RematError):
         raise_to = f"{min_budget_bytes} bytes"
         if min_budget_fraction is not None:
             raise_to += f" (or the fraction {min_budget_fraction:.4f})"
-        msg = (
-            f"no plan fits a budget of {asked}; the smallest feasible budget {who} is {least}. "
-            f"Raise the budget to at least {raise_to}, pass budget='min', or lower the batch size."
-        )
+        if lower_bound_bytes is not None and lower_bound_bytes < min_budget_bytes:
+            msg = (
+                f"no plan fits a budget of {asked}: no plan can peak below {format_bytes(lower_bound_bytes)} "
+                f"({lower_bound_bytes} bytes), and the smallest budget remat's quick planners found is {least}. Raise the budget to "
+                f"{raise_to} (it plans), pass budget='min' for the exact minimum, or lower the batch size."
+            )
+        else:
+            msg = (
+                f"no plan fits a budget of {asked}; the smallest feasible budget {who} is {least}. "
+                f"Raise the budget to at least {raise_to}, pass budget='min', or lower the batch size."
+            )
         if detail:
             msg += f" ({detail})"
         super().__init__(msg)

@@ -107,6 +107,40 @@ def transfer_costs(graph: Graph) -> dict:
     }
 
 
+def peak_lower_bound(graph: Graph) -> int:
+    """Bytes below which no plan of ``graph`` can peak, whatever it keeps, recomputes or offloads
+    (memoised per graph): the largest of
+
+    * each node's working set when it runs -- its inputs other than the step's own inputs (they
+      must be resident), its outputs (less those Inductor may write into an input, at most the
+      input's bytes) and its workspace; for a backward node also the forward outputs, which the
+      user holds from the boundary on;
+    * the gradients and outputs every plan ends the step holding (:func:`remat.budget.fixed_bytes`),
+      all resident at the last computation.
+
+    It bounds what :func:`simulate` counts at any computation of a node, so a budget below it is
+    infeasible without running a solver."""
+    return graph.memo.cached(("peak_lower_bound",), lambda: _peak_lower_bound(graph))
+
+
+def _peak_lower_bound(graph: Graph) -> int:
+    values = graph.values
+    reusable: dict[int, int] = {}  # node -> the most bytes in-place writes can save it
+    for n, v_in, v_out in graph.meta.get("inplace_reuse", ()):
+        reusable[int(n)] = reusable.get(int(n), 0) + min(values[int(v_in)].bytes, values[int(v_out)].bytes)
+    pinned = {v for v in graph.forward_outputs if values[v].kind == ACTIVATION}
+    bound = 0
+    for node in graph.nodes:
+        held = {v for v in node.inputs if values[v].kind != INPUT}
+        if node.phase == BACKWARD:
+            held |= pinned - set(node.outputs)
+        here = sum(values[v].bytes for v in held) + sum(values[v].bytes for v in node.outputs)
+        here += node.workspace - reusable.get(node.id, 0)
+        bound = max(bound, here)
+    held = {v for v in graph.backward_outputs if values[v].kind in (ACTIVATION, TANGENT)} | pinned
+    return max(bound, sum(values[v].bytes for v in held))
+
+
 def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -> Simulation:
     """Walk the plan once; return its peak and time, or raise :class:`InvalidPlanError`.
 
@@ -390,4 +424,4 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
     )
 
 
-__all__ = ["Instruction", "Simulation", "simulate", "transfer_costs", "has_transfer_costs", "COMPUTE", "FREE", "OFFLOAD", "RELOAD"]
+__all__ = ["Instruction", "Simulation", "simulate", "peak_lower_bound", "transfer_costs", "has_transfer_costs", "COMPUTE", "FREE", "OFFLOAD", "RELOAD"]

@@ -21,6 +21,7 @@ Both accept ``coarsen`` (see :mod:`remat.solvers.coarsen`; default ``"auto"``: g
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 import warnings
@@ -30,6 +31,7 @@ import numpy as np
 from ..errors import SolverError, SolverTimeLimitWarning
 from ..graph import Graph
 from ..plan import Plan
+from ..simulate import peak_lower_bound
 from .registry import SOLVERS, register
 from .checkmate_model import Formulation, build, decode, schedule_from_R, solution_vector, to_highs, value_roles
 
@@ -170,6 +172,8 @@ def solve_milp(
     import highspy
 
     start = time.perf_counter()
+    if budget_bytes is not None and save_budget_bytes is None and budget_bytes < peak_lower_bound(graph):
+        return _smallest_peak(graph, budget_bytes, time_limit, start, gap, threads)  # infeasible: no model to build
     f = build(graph, budget_bytes, save_budget_bytes=save_budget_bytes)
     h = to_highs(f)
     info = {"formulation": formulation_info(f)}
@@ -245,12 +249,20 @@ def solve_milp(
 
 
 def _smallest_peak(graph, budget_bytes, time_limit, start, gap, threads) -> Plan:
-    """No plan fits: return the plan of smallest peak (over budget) so the caller can name it."""
-    left = None if time_limit is None else max(1.0, time_limit - (time.perf_counter() - start))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SolverTimeLimitWarning)
-        plan = solve_milp(graph, None, time_limit=left, gap=1e-4, threads=threads)
-    plan.info["status"] = f"infeasible at {budget_bytes} bytes; smallest peak shown"
+    """No plan fits: return the plan of smallest peak (over budget) so the caller can name it. Solved
+    once per graph (the graph's memo; graphs of one step share it) while it is proven optimal, not
+    once per infeasible budget: a sweep, or the hierarchical planner's blocks at many budgets, reuse it."""
+    key = ("checkmate_smallest_peak",)
+    known = graph.memo.get(key)
+    if known is None:
+        left = None if time_limit is None else max(1.0, time_limit - (time.perf_counter() - start))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SolverTimeLimitWarning)
+            known = solve_milp(graph, None, time_limit=left, gap=1e-4, threads=threads)
+        if known.info.get("status") == "optimal":
+            graph.memo[key] = known
+    plan = copy.copy(known)
+    plan.info = {**known.info, "status": f"infeasible at {budget_bytes} bytes; smallest peak shown"}
     return plan
 
 

@@ -26,6 +26,13 @@ plan it chose (:func:`recomputation_plan`), and takes its plan when recomputatio
 budget or when it predicts a shorter step (compute + stalls); the minimum it names then includes
 the hybrid's smallest plan.
 
+A budget below :func:`remat.simulate.peak_lower_bound` (the largest working set of one operator, or
+the gradients and outputs every plan ends with) is refused at once, without running the solvers
+that search (the MILP would prove the same in minutes on a branchy graph): the error names that
+bound and, as the budget to raise to, the smallest peak of the quick planners
+(``QUICK_MINIMUM_SOLVERS``) and of every plan already made for the graph, and says that
+``budget="min"`` finds the exact minimum.
+
 A named solver that misses a budget likewise falls back to its own smallest-peak plan when that
 fits, and otherwise raises with its own minimum (and the lower one ``auto`` reaches, if any).
 
@@ -43,7 +50,7 @@ from ..budget import bytes_to_fraction, fixed_bytes, is_min, resolve_budget
 from ..errors import InfeasibleBudgetError, InvalidPlanError, SolverError, format_bytes
 from ..graph import Graph, forget_memos
 from ..plan import Plan
-from ..simulate import has_transfer_costs
+from ..simulate import has_transfer_costs, peak_lower_bound
 from .registry import SOLVERS, solve
 
 AUTO_TIME_LIMIT = 30.0
@@ -53,6 +60,10 @@ FAST_SOLVERS = ("checkpoint_all", "chen_sqrt", "chen_greedy", "rotor", "hierarch
 # solvers whose plan at a budget they cannot meet is already their smallest-peak plan (the MILP
 # then minimises the peak): their minimum is learnt from that plan, not from a second solve
 MINIMUM_WHEN_INFEASIBLE = ("checkmate", "checkmate_lp")
+# the budget to raise to when a budget is below the lower bound: these solvers' smallest plans (each
+# a sweep or a DP, no search), with the smallest-peak plans already known for the graph
+# (rotor is left out: its DP at budget 0 took 11 s on the zoo's MobileNet)
+QUICK_MINIMUM_SOLVERS = ("checkpoint_all", "chen_sqrt", "chen_greedy")
 
 
 def _options_key(options: dict) -> tuple:
@@ -216,6 +227,8 @@ def make_plan(graph: Graph, budget=None, solver: str = "auto", *, time_limit: fl
     if key in graph.memo:
         return graph.memo[key]
     fraction = budget if isinstance(budget, float) else None
+    if budget_bytes is not None and budget_bytes < peak_lower_bound(graph):
+        raise _below_lower_bound(graph, budget_bytes, solver, fraction)
     if solver == "auto":
         plan = _auto(graph, budget_bytes, AUTO_TIME_LIMIT if time_limit is None else time_limit, options, fraction)
         plan.solve_seconds = time.perf_counter() - start
@@ -311,6 +324,29 @@ def _named(graph: Graph, budget_bytes, solver: str, time_limit, options, fractio
 def _known_plans(graph: Graph, names) -> list[Plan]:
     """The smallest-peak plans remembered for ``graph`` from the solvers ``names``."""
     return [p for k, p in graph.memo.items() if k[0] == "smallest" and k[1] in names]
+
+
+def _below_lower_bound(graph: Graph, budget_bytes: int, solver: str, fraction) -> InfeasibleBudgetError:
+    """The error for a budget below :func:`peak_lower_bound`: the bound, and the smallest peak of the
+    quick planners and of the plans already known (a budget that plans), found in well under a second."""
+    bound = peak_lower_bound(graph)
+    plans = [store_all_plan(graph)] + _known_plans(graph, SOLVERS)
+    for name in QUICK_MINIMUM_SOLVERS:
+        try:
+            plans.append(solver_minimum(graph, name))
+        except SolverError:
+            pass
+    smallest = min((p for p in plans if p is not None), key=lambda p: (p.peak_bytes, p.step_seconds))
+    store, fixed = store_all_plan(graph).peak_bytes, fixed_bytes(graph)
+    exact = smallest.peak_bytes <= bound
+    detail = (f"the bound is the largest working set of one operator, or the gradients and outputs every plan "
+              f"holds; the smallest budget is {smallest.solver}'s plan")
+    if not exact:
+        detail += "; the exact minimum lies between the two (budget='min' finds it: minutes on a large branchy graph)"
+    return InfeasibleBudgetError(
+        budget_bytes, smallest.peak_bytes, detail, solver=solver, budget_fraction=fraction,
+        min_budget_fraction=bytes_to_fraction(smallest.peak_bytes, store, fixed), lower_bound_bytes=bound,
+    )
 
 
 def _infeasible(graph: Graph, budget_bytes: int, smallest: Plan, solver: str, fraction, options) -> InfeasibleBudgetError:

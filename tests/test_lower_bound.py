@@ -1,0 +1,92 @@
+"""The peak's lower bound, and infeasible budgets answered without searching.
+
+``peak_lower_bound`` must never exceed the peak of any plan the simulator accepts: checked against
+the exhaustive search's smallest feasible budget on random training graphs, against every solver's
+smallest plan on real captured graphs (Inductor's fused graph with in-place writes included), and a
+budget below it must be refused without running the solvers that search.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import remat
+from remat import models
+from remat.errors import InfeasibleBudgetError
+from remat.simulate import peak_lower_bound
+from remat.solvers import SOLVERS, solve
+from remat.solvers import checkmate as checkmate_module
+from remat.solvers.planner import make_plan, smallest_plan
+
+from .exhaustive import cheapest_plan
+from .test_checkmate import random_training_graph
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_no_plan_peaks_below_the_bound_on_random_graphs(data):
+    g = random_training_graph(data.draw, held_outputs=data.draw(st.booleans()))
+    bound = peak_lower_bound(g)
+    assert cheapest_plan(g, bound - 1) is None  # the exhaustive search finds nothing below it
+    smallest = solve("checkmate", g, 0)
+    assert bound <= smallest.peak_bytes
+    for name in ("store_all", "checkpoint_all", "chen_greedy"):
+        assert bound <= solve(name, g, None if name == "store_all" else 0).peak_bytes
+
+
+def _graph(name):
+    ex = models.build(name, size="tiny")
+    return remat.plan(ex.model, *ex.args, solver="store_all", cache=False, **ex.kwargs).graph
+
+
+@pytest.mark.parametrize("name", ["resnet", "gpt2", "cnn_bn", "tied"])
+def test_no_solver_goes_below_the_bound_on_captured_graphs(name):
+    g = _graph(name)
+    bound = peak_lower_bound(g)
+    assert 0 < bound <= smallest_plan(g, "auto", thorough=False).peak_bytes
+    for solver in ("checkpoint_all", "chen_sqrt", "chen_greedy", "rotor"):
+        assert bound <= solve(solver, g, 0).peak_bytes, solver
+
+
+def test_the_bound_holds_on_inductors_fused_graph_with_in_place_writes():
+    ex = models.build("gpt2", size="tiny")
+    m = remat.compile(ex.model, *ex.args, budget="min", cache=False, calibrate=False, example_kwargs=ex.kwargs)
+    g = m.plan.graph
+    assert g.meta.get("inplace_reuse"), "the fused graph lists in-place writes"
+    assert 0 < peak_lower_bound(g) <= m.plan.peak_bytes
+
+
+def test_a_budget_below_the_bound_is_refused_without_searching(monkeypatch):
+    g = _graph("unet")  # branchy: the MILP took minutes to say a small budget was infeasible
+
+    def searching(*_args, **_kwargs):
+        raise AssertionError("a searching solver ran")
+
+    for name in ("checkmate", "checkmate_lp", "hierarchical", "keep_set", "rotor", "hybrid"):
+        monkeypatch.setitem(SOLVERS, name, searching)
+    with pytest.raises(InfeasibleBudgetError, match="no plan can peak below") as info:
+        make_plan(g, 1024)
+    err = info.value
+    assert err.lower_bound_bytes == peak_lower_bound(g) <= err.min_budget_bytes
+    monkeypatch.undo()
+    plan = make_plan(g, err.min_budget_bytes, solver="chen_greedy")  # the budget it names plans
+    assert plan.peak_bytes <= err.min_budget_bytes
+
+
+def test_checkmates_smallest_peak_is_solved_once_per_graph(monkeypatch):
+    g = _graph("mlp")
+    smallest = solve("checkmate", g, 0)
+    calls = []
+    real = checkmate_module.solve_milp
+
+    def counting(graph, budget_bytes, **kwargs):
+        calls.append(budget_bytes)
+        return real(graph, budget_bytes, **kwargs)
+
+    monkeypatch.setattr(checkmate_module, "solve_milp", counting)
+    for budget in (1, 1024, smallest.peak_bytes - 1):
+        plan = solve("checkmate", g, budget, coarsen=None)
+        assert plan.peak_bytes == smallest.peak_bytes and "infeasible" in plan.info["status"]
+    assert calls.count(None) == 0  # the smallest-peak MILP ran when checkmate first missed, not again
