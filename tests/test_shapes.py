@@ -201,6 +201,7 @@ def test_a_joint_graph_made_concrete_without_running_ops_matches_fake_propagatio
 
     from remat.capture import shapes
 
+    torch._dynamo.reset()  # no automatic-dynamic state left by another test of the same model code
     steps = []
     ids = _ids(40)
     torch._dynamo.mark_dynamic(ids, 1)
