@@ -101,15 +101,24 @@ def test_the_minimum_named_is_the_smallest_and_plans(graphs, name):
     with pytest.raises(remat.InfeasibleBudgetError) as info:
         make_plan(g, 1e-4, time_limit=1)  # the fixed bytes and next to nothing: below every plan
     err = info.value
-    # no solver auto may use reaches below it, and the message agrees
     fast = min(solve(n, g, 0).peak_bytes for n in FAST_SOLVERS + ("store_all",))
     assert fixed_bytes(g) <= err.min_budget_bytes <= fast
     msg = str(err)
     assert f"({err.min_budget_bytes} bytes, fraction {err.min_budget_fraction:.4f})" in msg
     assert err.budget_fraction == 1e-4 and err.budget_bytes == resolve(g, 1e-4)
-    listed = [int(b) for b in re.findall(r"(\d+) bytes: ", msg)]
-    assert listed and min(listed) == err.min_budget_bytes
-    # the minimum plans, as bytes, as a fraction and as "min"
+    exact = make_plan(g, "min", time_limit=1).peak_bytes
+    if err.lower_bound_bytes is None:  # at or above the lower bound: the search named the exact minimum
+        assert err.min_budget_bytes == exact
+        listed = [int(b) for b in re.findall(r"(\d+) bytes: ", msg)]
+        assert listed and min(listed) == err.min_budget_bytes
+    else:  # refused below the lower bound without searching: the bound, and a budget that plans above it
+        assert fixed_bytes(g) <= err.lower_bound_bytes <= exact <= err.min_budget_bytes
+        assert "no plan can peak below" in msg or err.lower_bound_bytes == err.min_budget_bytes
+    # once the exact minimum is known for the graph, the same refusal names it
+    with pytest.raises(remat.InfeasibleBudgetError) as again:
+        make_plan(g, 1e-4, time_limit=1)
+    assert again.value.min_budget_bytes == exact
+    # the budget named plans, as bytes, as a fraction and as "min"
     for budget in (err.min_budget_bytes, err.min_budget_fraction, "min"):
         plan = make_plan(g, budget, time_limit=1)
         assert plan.peak_bytes <= plan.budget_bytes

@@ -154,8 +154,13 @@ def test_a_budget_below_every_plan_names_the_minimum_when_a_solver_does_not_appl
     g = _long_skip()
     assert solver_minimum(g, "rotor") is None
     with pytest.raises(remat.InfeasibleBudgetError) as err:
+        make_plan(g, 1, "auto")  # below the lower bound: refused by the quick planners
+    smallest = make_plan(g, "min", "auto").peak_bytes
+    assert err.value.lower_bound_bytes <= smallest <= err.value.min_budget_bytes
+    assert make_plan(g, err.value.min_budget_bytes, "auto").fits()
+    with pytest.raises(remat.InfeasibleBudgetError) as err:  # the minimum known now: named exactly
         make_plan(g, 1, "auto")
-    assert err.value.min_budget_bytes == make_plan(g, "min", "auto").peak_bytes
+    assert err.value.min_budget_bytes == smallest
 
 
 # ---------------------------------------------------------------------------------- optimality

@@ -97,17 +97,18 @@ class _WeakCallback:
 
 
 def _too_many_captures() -> str:
-    why = ("each input shape of the first kind and each size bucket after it is a capture; something other "
-           "than sizes changes from call to call (a Python number, a flag, the inputs' dtypes, devices or "
-           "aliasing), or the sizes span more buckets than that: make the rest the same at every call, or give "
-           "wider buckets (buckets=[...])")
+    why = ("the first input shape is one capture and each size bucket after it one more; something other than "
+           "sizes changes from call to call (a flag, the inputs' dtypes, devices or aliasing), or the sizes span "
+           "more buckets than that: make the rest the same at every call, or give wider buckets (buckets=[...])")
     return f"this module has been captured {RECOMPILE_LIMIT} times, the most remat allows: {why}"
 
 
 def _input_sizes(args: tuple, kwargs: dict) -> tuple:
-    """The shapes of the tensors among a call's arguments, in order."""
+    """The shapes of the tensors among a call's arguments and its integers (which Dynamo may make
+    sizes too), in order."""
     leaves = torch.utils._pytree.tree_leaves((args, kwargs))
-    return tuple(tuple(x.shape) for x in leaves if isinstance(x, torch.Tensor))
+    return tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else (x,) for x in leaves
+                 if isinstance(x, torch.Tensor) or (isinstance(x, int) and not isinstance(x, bool)))
 
 
 class RematModule(nn.Module):

@@ -13,6 +13,7 @@ last use. This module is remat's only contact with AOTAutograd's private APIs.
 from __future__ import annotations
 
 import itertools
+import time
 
 import torch
 from torch._dynamo import register_backend
@@ -67,12 +68,16 @@ def make_partition_fn(opts: BackendOptions):
         capture_id = next(_CAPTURES)  # plan.info["capture"]: which capture a plan was made for
         if is_dynamic(joint):  # captured once for every size: a plan per bucket, made when first met
             return _bucketed(joint, num_fwd_outputs, capture, plan, opts, capture_id)
+        started = time.perf_counter()
         captured = capture(joint, num_fwd_outputs)
         planned = plan(captured.graph, opts.budget)
         planned.info["capture"] = capture_id
         if opts.on_plan is not None:
             opts.on_plan(planned, captured)
-        return lower(captured, planned, offload_dir=opts.offload_dir)
+        graphs = lower(captured, planned, offload_dir=opts.offload_dir)
+        # remat's part of the capture (costs and workspaces measured, planned, lowered), Dynamo's trace excluded
+        planned.info["partition_seconds"] = time.perf_counter() - started
+        return graphs
 
     return partition_fn
 
@@ -87,21 +92,16 @@ def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions, 
     again in full once it has run ``UPGRADE_AFTER`` steps (:class:`~remat.execute.buckets.BucketedStep`),
     when the better plan pays for its planning. A fraction budget is of the largest bucket planned so
     far: its bytes, resolved on that bucket's graph, hold at every smaller bucket too."""
-    state: dict = {"size": 0, "bytes": None, "plans": [], "no_workspace": frozenset()}
+    state: dict = {"bytes": 0, "plans": [], "no_workspace": frozenset()}
 
     def plan_bucket(concrete, key, full=False):
-        size = 1
-        for _name, edge in key:
-            size *= edge
         captured = capture(concrete, num_fwd_outputs, state["no_workspace"])
         if not state["plans"]:  # the ops without scratch memory here are not probed at other sizes
             state["no_workspace"] = frozenset(captured.op_node[i].name for i, node in enumerate(captured.graph.nodes)
                                               if node.workspace == 0)
-        largest = size >= state["size"]
         budget = opts.budget
-        if is_fraction(budget):
-            if largest:
-                state["bytes"] = resolve(captured.graph, budget)
+        if is_fraction(budget):  # the most bytes the fraction gives any bucket so far: the largest's
+            state["bytes"] = max(state["bytes"], resolve(captured.graph, budget))
             budget = state["bytes"]
         if full or opts.solver != "auto" or opts.plan is not None:
             planned = plan(captured.graph, budget)
@@ -109,7 +109,6 @@ def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions, 
             planned = warm_plan(captured.graph, budget, state["plans"], time_limit=opts.time_limit,
                                 **opts.solver_options)
         planned.info["capture"] = capture_id
-        state["size"] = max(state["size"], size)
         state["plans"].append(planned)
         if opts.on_plan is not None:
             opts.on_plan(planned, captured)

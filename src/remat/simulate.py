@@ -112,8 +112,8 @@ def peak_lower_bound(graph: Graph) -> int:
     (memoised per graph): the largest of
 
     * each node's working set when it runs -- its inputs other than the step's own inputs (they
-      must be resident), its outputs (less those Inductor may write into an input, at most the
-      input's bytes) and its workspace; for a backward node also the forward outputs, which the
+      must be resident), its outputs (less the bytes of every input Inductor may write one into)
+      and its workspace; for a backward node also the forward outputs, which the
       user holds from the boundary on;
     * the gradients and outputs every plan ends the step holding (:func:`remat.budget.fixed_bytes`),
       all resident at the last computation.
@@ -125,9 +125,9 @@ def peak_lower_bound(graph: Graph) -> int:
 
 def _peak_lower_bound(graph: Graph) -> int:
     values = graph.values
-    reusable: dict[int, int] = {}  # node -> the most bytes in-place writes can save it
-    for n, v_in, v_out in graph.meta.get("inplace_reuse", ()):
-        reusable[int(n)] = reusable.get(int(n), 0) + min(values[int(v_in)].bytes, values[int(v_out)].bytes)
+    reusable: dict[int, int] = {}  # node -> the most bytes in-place writes can save it (as simulate() counts)
+    for n, v_in, _v_out in graph.meta.get("inplace_reuse", ()):
+        reusable[int(n)] = reusable.get(int(n), 0) + values[int(v_in)].bytes
     pinned = {v for v in graph.forward_outputs if values[v].kind == ACTIVATION}
     bound = 0
     for node in graph.nodes:

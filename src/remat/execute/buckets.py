@@ -154,6 +154,8 @@ class BucketedStep:
             err.bucket = dict(key)
             self.refused[key] = err
             raise
+        # a fraction's bytes grow when a larger bucket is planned: a bucket refused before may fit now
+        self.refused = {k: e for k, e in self.refused.items() if not isinstance(e, InfeasibleBudgetError)}
         fwd, bwd = self.lower_fn(capture, plan)
         plan.info["bucket"] = dict(key)
         plan.info["bucket_seconds"] = time.perf_counter() - start  # sized, captured, planned, lowered

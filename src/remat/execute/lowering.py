@@ -213,8 +213,8 @@ class _Lowering:
                 forward_bindings.setdefault(symbol, n)
         for symbol in sorted(needed - bound, key=str):
             src = forward_bindings.get(symbol)
-            if src is None:
-                raise InvalidPlanError(f"the backward is sized by {symbol}, which no forward value binds")
+            if src is None:  # as AOTAutograd's own partitioner: nothing to pass (the compiler says if it needs it)
+                continue
             key = ("size", src)
             with self.bwd.inserting_before(self.first_tangent):
                 ph = self.bwd.placeholder(f"size_{src.name}")
@@ -222,11 +222,11 @@ class _Lowering:
             self.saved_placeholder[key] = ph
             self.saved_order.append((key, src))
 
-        def rank(item) -> int:  # binding numbers, other numbers, tensors
-            val = item[1].meta.get("val")
-            if not is_size_value(val):
+        def rank(item) -> int:  # numbers that are a bare symbol, other numbers, tensors
+            ph = self.saved_placeholder[item[0]]
+            if not is_size_value(ph.meta.get("val")):
                 return 2
-            return 0 if is_symbol_binding_fx_node(item[1]) is not None else 1
+            return 0 if is_symbol_binding_fx_node(ph) is not None else 1
 
         # stable: within each rank, the order the backward first read them in
         self.saved_order = sorted(self.saved_order, key=rank)

@@ -192,8 +192,8 @@ class RematPartitioner(CustomPartitionerFn):
         self.margin_bytes = int(margin_bytes)
         self.last_plan = None
         self.last_budget_bytes: int | None = None
-        self.largest_bucket: tuple[int, int | None] = (0, None)  # (size, a fraction's bytes there)
-        self.refused: dict = {}  # bucket -> the error its planning raised (raised again, not planned again)
+        self.bucket_budget_bytes: int | None = None  # a fraction's bytes at the largest bucket planned so far
+        self.refused: dict = {}  # (bucket, budget bytes) -> the error its planning raised (raised again)
 
     def __call__(self, gm: torch.fx.GraphModule, joint_inputs, *, num_fwd_outputs: int, **_kwargs):
         started = time.perf_counter()
@@ -203,8 +203,8 @@ class RematPartitioner(CustomPartitionerFn):
         device = joint_device(gm)
         bucket = self._bucket(gm) if is_dynamic(gm) else None
         key = None if bucket is None else tuple(sorted((str(s), edge) for s, edge in bucket.items()))
-        if key in self.refused:
-            raise self.refused[key]
+        if (key, self.bucket_budget_bytes) in self.refused:  # refused at this budget already (a fraction's
+            raise self.refused[(key, self.bucket_budget_bytes)]  # bytes grow with the buckets: then it plans again)
         seeded_copies = draw_random_per_reader(gm)
         light_copies = recompute_light_values_per_reader(gm)
         # a graph with symbolic sizes is planned at its bucket's edge, and lowered with its symbolic sizes
@@ -228,7 +228,7 @@ class RematPartitioner(CustomPartitionerFn):
                     sizes = ", ".join(f"{s}={edge}" for s, edge in sorted(bucket.items(), key=str))
                     err.args = (f"at input sizes up to {sizes} (this bucket; smaller ones may still fit): {err.args[0]}",)
                     err.bucket = dict(key)
-                    self.refused[key] = err
+                    self.refused[(key, self.bucket_budget_bytes)] = err
                 raise
             # below what recomputation reaches: auto offloads too (its error then names that minimum)
             fused = with_transfer_costs(fused, compiled_transfer_meta(device))
@@ -274,18 +274,14 @@ class RematPartitioner(CustomPartitionerFn):
     def _plan(self, fused, reuse_rounds: int = SLACK_ROUNDS, bucket: dict | None = None):
         """The plan of ``fused``'s graph at the budget less the margin (raised into the bytes
         Inductor writes in place where that fits, in at most ``reuse_rounds`` more plans). In a
-        ``bucket``, a fraction budget is of the largest bucket planned so far (its bytes hold at
-        every smaller bucket)."""
+        ``bucket``, a fraction budget gives the most bytes it has given any bucket so far (those of
+        the largest: they hold at every smaller bucket too)."""
         opts = self.options
         budget = opts.budget
         budget_bytes = None if budget is None else resolve(fused.graph, budget, opts.solver)
-        if bucket is not None and is_fraction(budget):
-            size = 1
-            for edge in bucket.values():
-                size *= edge
-            if size >= self.largest_bucket[0]:
-                self.largest_bucket = (size, budget_bytes)
-            budget = budget_bytes = self.largest_bucket[1]
+        if bucket is not None and is_fraction(budget):  # the bytes the fraction gives at the largest bucket
+            self.bucket_budget_bytes = max(self.bucket_budget_bytes or 0, budget_bytes)
+            budget = budget_bytes = self.bucket_budget_bytes
         self.last_budget_bytes = budget_bytes
         if budget_bytes is not None and self.margin_bytes:
             budget = max(0, budget_bytes - self.margin_bytes)

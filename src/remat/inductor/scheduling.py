@@ -152,14 +152,26 @@ def fusion_raises_peak(node1, node2) -> bool:
 
 
 def _buffer_bytes(buf) -> int:
+    """The buffer's bytes at the largest sizes the graph runs: for a graph of a size bucket (its
+    symbols guarded to the bucket, :func:`remat.capture.shapes.guard_bucket`) at the bucket's edge,
+    where the plan's memory tags were simulated, not at the size it was traced with."""
     from torch._inductor.utils import get_dtype_size
     from torch._inductor.virtualized import V
 
     try:
-        return int(V.graph.sizevars.optimization_hint(buf.node.get_numel(), fallback=0)) * get_dtype_size(
-            buf.node.get_dtype())
+        numel = buf.node.get_numel()
+        itemsize = get_dtype_size(buf.node.get_dtype())
     except (NotImplementedError, AttributeError, AssertionError):  # no tensor (a multi-output op's list)
         return 0
+    sizevars = V.graph.sizevars
+    if getattr(numel, "free_symbols", None):
+        try:
+            upper = sizevars.shape_env.bound_sympy(numel).upper
+            if upper.is_finite:
+                return int(upper) * itemsize
+        except Exception:  # noqa: BLE001  (an expression the range analysis cannot bound: its hint)
+            pass
+    return int(sizevars.optimization_hint(numel, fallback=0)) * itemsize
 
 
 class PlanOrderChoices:

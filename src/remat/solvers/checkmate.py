@@ -250,8 +250,8 @@ def solve_milp(
 
 def _smallest_peak(graph, budget_bytes, time_limit, start, gap, threads) -> Plan:
     """No plan fits: return the plan of smallest peak (over budget) so the caller can name it. Solved
-    once per graph (the graph's memo; graphs of one step share it) while it is proven optimal, not
-    once per infeasible budget: a sweep, or the hierarchical planner's blocks at many budgets, reuse it."""
+    once per graph (the graph's memo; graphs of one step share it) when proven optimal, not once
+    per infeasible budget: a sweep's budgets below the minimum reuse it."""
     key = ("checkmate_smallest_peak",)
     known = graph.memo.get(key)
     if known is None:

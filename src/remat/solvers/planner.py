@@ -26,12 +26,14 @@ plan it chose (:func:`recomputation_plan`), and takes its plan when recomputatio
 budget or when it predicts a shorter step (compute + stalls); the minimum it names then includes
 the hybrid's smallest plan.
 
-A budget below :func:`remat.simulate.peak_lower_bound` (the largest working set of one operator, or
-the gradients and outputs every plan ends with) is refused at once, without running the solvers
-that search (the MILP would prove the same in minutes on a branchy graph): the error names that
-bound and, as the budget to raise to, the smallest peak of the quick planners
-(``QUICK_MINIMUM_SOLVERS``) and of every plan already made for the graph, and says that
-``budget="min"`` finds the exact minimum.
+Under ``auto`` (and a quick named solver), a budget below :func:`remat.simulate.peak_lower_bound`
+(the largest working set of one operator, or the gradients and outputs every plan ends with) is
+refused at once, without running the solvers that search (the MILP would prove the same in
+minutes on a branchy graph): the error names that bound and, as the budget to raise to, the
+smallest peak of the quick planners (``QUICK_MINIMUM_SOLVERS``) and of the plans ``auto`` already
+knows for the graph (a named solver: its own smallest plan), and says that ``budget="min"`` finds
+the exact minimum. A named searching solver keeps its own path (the MILP skips its model below the
+bound and returns its smallest-peak plan, solved once per graph).
 
 A named solver that misses a budget likewise falls back to its own smallest-peak plan when that
 fits, and otherwise raises with its own minimum (and the lower one ``auto`` reaches, if any).
@@ -227,7 +229,8 @@ def make_plan(graph: Graph, budget=None, solver: str = "auto", *, time_limit: fl
     if key in graph.memo:
         return graph.memo[key]
     fraction = budget if isinstance(budget, float) else None
-    if budget_bytes is not None and budget_bytes < peak_lower_bound(graph):
+    if (budget_bytes is not None and budget_bytes < peak_lower_bound(graph)
+            and (solver == "auto" or solver in QUICK_MINIMUM_SOLVERS)):
         raise _below_lower_bound(graph, budget_bytes, solver, fraction)
     if solver == "auto":
         plan = _auto(graph, budget_bytes, AUTO_TIME_LIMIT if time_limit is None else time_limit, options, fraction)
@@ -330,8 +333,13 @@ def _below_lower_bound(graph: Graph, budget_bytes: int, solver: str, fraction) -
     """The error for a budget below :func:`peak_lower_bound`: the bound, and the smallest peak of the
     quick planners and of the plans already known (a budget that plans), found in well under a second."""
     bound = peak_lower_bound(graph)
-    plans = [store_all_plan(graph)] + _known_plans(graph, SOLVERS)
-    for name in QUICK_MINIMUM_SOLVERS:
+    if solver == "auto":  # what auto itself would fall back to at the budget it names (so that budget plans)
+        names = ["store_all", *auto_solvers(graph)] + (["hybrid"] if uses_swaps(graph) else [])
+        plans = [store_all_plan(graph)] + _known_plans(graph, names)
+        quick = QUICK_MINIMUM_SOLVERS
+    else:  # a named quick solver: its own smallest plan
+        plans, quick = [], (solver,)
+    for name in quick:
         try:
             plans.append(solver_minimum(graph, name))
         except SolverError:

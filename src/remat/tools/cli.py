@@ -556,6 +556,11 @@ def _infeasible_line(err) -> str:
     least = err.min_budget_bytes
     fraction = getattr(err, "min_budget_fraction", None)
     as_fraction = f", a fraction of {fraction:.3f}" if isinstance(fraction, float) else ""
+    bound = getattr(err, "lower_bound_bytes", None)
+    if bound is not None and bound < least:  # refused below the bound: the exact minimum lies between
+        return (f"remat: no plan fits a budget of {_fmt(err.budget_bytes)}; no plan can peak below {_fmt(bound)}, "
+                f"and {_fmt(least)} ({least} bytes{as_fraction}) plans: rerun with --budget {least}B, or "
+                "--budget min for the exact minimum")
     return (f"remat: no plan fits a budget of {_fmt(err.budget_bytes)}; the smallest feasible budget is "
             f"{_fmt(least)} ({least} bytes{as_fraction}): rerun with --budget min or --budget {least}B")
 
