@@ -139,6 +139,7 @@ class RematModule(nn.Module):
         options["on_run"] = _WeakCallback(self._ran)
         self._remat_last_run: Plan | None = None
         self._remat_call_sizes: tuple | None = None  # Inductor: the input sizes of the call under way
+        self._remat_ran_sizes: tuple | None = None  # Inductor: those of the last call that ran
         self._remat_compiled_plans: dict = {}  # Inductor: _sizes_key -> plan
         self._remat_compiler = compiler
         object.__setattr__(self, "_remat_partitioner", None)
@@ -160,7 +161,7 @@ class RematModule(nn.Module):
 
     def _record(self, plan: Plan, capture: Capture) -> None:
         self._remat_plans.append(plan)  # not the capture: it holds fake tensors (no deepcopy)
-        self._remat_last_run = None
+        self._remat_last_run = self._remat_ran_sizes = None
         if self._remat_compiler == "inductor" and self._remat_call_sizes is not None:
             self._remat_compiled_plans[self._sizes_key(self._remat_call_sizes, "bucket" in plan.info)] = plan
 
@@ -188,6 +189,8 @@ class RematModule(nn.Module):
         """The plan of the step that ran last (for a step captured with dynamic sizes, that of the
         size bucket it ran in: ``plan.info["bucket"]`` names the bucket's edges); before any step,
         the plan made last."""
+        if self._remat_ran_sizes is not None:  # Inductor: looked up here, not in every step
+            self._remat_last_run = self._inductor_plan_for(self._remat_ran_sizes) or self._remat_last_run
         if self._remat_last_run is not None:
             return self._remat_last_run
         return self._remat_plans[-1] if self._remat_plans else None
@@ -219,7 +222,7 @@ class RematModule(nn.Module):
                     except torch._dynamo.exc.FailOnRecompileLimitHit as hit:
                         raise RematError(_too_many_captures()) from hit
             if self._remat_compiler == "inductor":
-                self._remat_last_run = self._inductor_plan_for(self._remat_call_sizes)
+                self._remat_ran_sizes = self._remat_call_sizes
             return out
         except Exception as err:  # surface remat's own errors, not Dynamo's wrapper
             inner = unwrap_compile_error(err, self._remat_original)

@@ -36,7 +36,7 @@ import re
 from typing import Callable
 
 from .errors import RematError
-from .graph import ACTIVATION, TANGENT, Graph
+from .simulate import fixed_bytes  # noqa: F401  (re-exported: the bytes every plan holds, defined with the memory model)
 
 MIN = "min"
 
@@ -112,18 +112,6 @@ def is_fraction(budget) -> bool:
     if isinstance(budget, str) and not is_min(budget):
         budget = parse_budget_text(budget)
     return isinstance(budget, float)
-
-
-def fixed_bytes(graph: Graph) -> int:
-    """The bytes no plan can change: every plan ends the step holding them.
-
-    They are the backward outputs (the gradients the step produces) and the forward outputs
-    the caller holds (kind ``activation``: a forward output that is a parameter or an input
-    is outside the budget anyway). A value that is both is counted once."""
-    values = graph.values
-    held = {v for v in graph.backward_outputs if values[v].kind in (ACTIVATION, TANGENT)}
-    held |= {v for v in graph.forward_outputs if values[v].kind == ACTIVATION}
-    return sum(values[v].bytes for v in held)
 
 
 def resolve_budget(budget, store_all_peak: int, fixed: int, *, smallest: Callable[[], int] | None = None) -> int | None:

@@ -107,6 +107,18 @@ def transfer_costs(graph: Graph) -> dict:
     }
 
 
+def fixed_bytes(graph: Graph) -> int:
+    """The bytes no plan can change: every plan ends the step holding them.
+
+    They are the backward outputs (the gradients the step produces) and the forward outputs
+    the caller holds (kind ``activation``: a forward output that is a parameter or an input
+    is outside the budget anyway). A value that is both is counted once."""
+    values = graph.values
+    held = {v for v in graph.backward_outputs if values[v].kind in (ACTIVATION, TANGENT)}
+    held |= {v for v in graph.forward_outputs if values[v].kind == ACTIVATION}
+    return sum(values[v].bytes for v in held)
+
+
 def peak_lower_bound(graph: Graph) -> int:
     """Bytes below which no plan of ``graph`` can peak, whatever it keeps, recomputes or offloads
     (memoised per graph): the largest of
@@ -115,7 +127,7 @@ def peak_lower_bound(graph: Graph) -> int:
       must be resident), its outputs (less the bytes of every input Inductor may write one into)
       and its workspace; for a backward node also the forward outputs, which the
       user holds from the boundary on;
-    * the gradients and outputs every plan ends the step holding (:func:`remat.budget.fixed_bytes`),
+    * the gradients and outputs every plan ends the step holding (:func:`fixed_bytes`),
       all resident at the last computation.
 
     It bounds what :func:`simulate` counts at any computation of a node, so a budget below it is
@@ -137,8 +149,7 @@ def _peak_lower_bound(graph: Graph) -> int:
         here = sum(values[v].bytes for v in held) + sum(values[v].bytes for v in node.outputs)
         here += node.workspace - reusable.get(node.id, 0)
         bound = max(bound, here)
-    held = {v for v in graph.backward_outputs if values[v].kind in (ACTIVATION, TANGENT)} | pinned
-    return max(bound, sum(values[v].bytes for v in held))
+    return max(bound, fixed_bytes(graph))
 
 
 def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -> Simulation:
@@ -424,4 +435,4 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
     )
 
 
-__all__ = ["Instruction", "Simulation", "simulate", "peak_lower_bound", "transfer_costs", "has_transfer_costs", "COMPUTE", "FREE", "OFFLOAD", "RELOAD"]
+__all__ = ["Instruction", "Simulation", "simulate", "peak_lower_bound", "fixed_bytes", "transfer_costs", "has_transfer_costs", "COMPUTE", "FREE", "OFFLOAD", "RELOAD"]

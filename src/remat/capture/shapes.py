@@ -141,9 +141,38 @@ def bucket_edge(size: int, edges: Sequence[int] | None = None) -> int:
     return default_edges(size)[-1]
 
 
+def bucket_key(high: dict) -> tuple:
+    """``((symbol name, edge), ...)`` of ``{symbol: edge}``, sorted by name: a bucket's key."""
+    return tuple((str(s), int(e)) for s, e in sorted(high.items(), key=lambda kv: str(kv[0])))
+
+
 def bucket_of(binding: dict, edges: Sequence[int] | None = None) -> tuple:
-    """``((symbol name, edge), ...)``: the bucket of every symbol's value, sorted by name."""
-    return tuple((str(s), bucket_edge(v, edges)) for s, v in sorted(binding.items(), key=lambda kv: str(kv[0])))
+    """The :func:`bucket_key` of the bucket of every symbol's value."""
+    return bucket_key({s: bucket_edge(v, edges) for s, v in binding.items()})
+
+
+def _sizes(key: tuple) -> str:
+    return ", ".join(f"{name}={edge}" for name, edge in key)
+
+
+def refuse_unless_monotone(joint: fx.GraphModule, low: dict, high: dict) -> None:
+    """Raise :class:`CaptureError` when a value of ``joint`` holds more bytes at the sizes ``low`` than
+    at ``high`` (:func:`check_monotone`): the plan made at the bucket's edge would not hold there."""
+    larger = check_monotone(joint, low, high)
+    if larger:
+        raise CaptureError(
+            f"remat cannot plan the bucket up to {_sizes(bucket_key(high))}: {len(larger)} value(s) "
+            f"({', '.join(larger[:4])}) hold more memory at the bucket's smallest sizes than at its edge, so its "
+            "plan would not hold there; give bucket edges (buckets=[...], or the backend option 'buckets') that "
+            "put those sizes in buckets of their own")
+
+
+def name_bucket(err, key: tuple):
+    """``err`` (an :class:`~remat.errors.InfeasibleBudgetError` raised planning the bucket ``key``) saying
+    which sizes it is about, with ``err.bucket = {symbol name: edge}``."""
+    err.args = (f"at input sizes up to {_sizes(key)} (this bucket; smaller ones may still fit): {err.args[0]}",)
+    err.bucket = dict(key)
+    return err
 
 
 def lower_end(edge: int, edges: Sequence[int] | None = None) -> int:
@@ -225,10 +254,6 @@ class _UncompiledModule(fx.GraphModule):
         return None
 
 
-def _uncompiled_module(root: fx.GraphModule, graph: fx.Graph) -> fx.GraphModule:
-    return _UncompiledModule(root, graph)
-
-
 def concrete_joint(joint: fx.GraphModule, binding: dict) -> fx.GraphModule:
     """A copy of ``joint`` whose fake tensors have the sizes ``binding`` gives its symbols. Node names
     and arguments are the original's (view sizes still read the symbol inputs).
@@ -244,7 +269,7 @@ def concrete_joint(joint: fx.GraphModule, binding: dict) -> fx.GraphModule:
     graph.output(out)
     for old, new in zip(joint.graph.nodes, graph.nodes):
         new.meta = dict(old.meta)
-    gm = _uncompiled_module(joint, graph)
+    gm = _UncompiledModule(joint, graph)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
         _sized_metas(graph, list(joint.graph.nodes), binding, mode)
@@ -323,4 +348,5 @@ def check_monotone(joint: fx.GraphModule, low: dict, high: dict) -> list[str]:
 
 
 __all__ = ["symbols_of", "example_binding", "symbol_sources", "is_dynamic", "bind_symbols", "evaluate", "default_edges", "bucket_edge", "bucket_of",
-           "lower_end", "concrete_joint", "check_monotone", "guard_bucket"]
+           "lower_end", "concrete_joint", "check_monotone", "guard_bucket", "bucket_key", "refuse_unless_monotone",
+           "name_bucket"]

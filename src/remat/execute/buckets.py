@@ -30,7 +30,8 @@ import torch
 import torch.fx as fx
 from torch._opaque_base import OpaqueBase
 
-from ..capture.shapes import bind_symbols, bucket_of, check_monotone, concrete_joint, lower_end, symbol_sources
+from ..capture.shapes import (bind_symbols, bucket_of, concrete_joint, lower_end, name_bucket, refuse_unless_monotone,
+                              symbol_sources)
 from ..errors import CaptureError, InfeasibleBudgetError
 from .runtime import boxed
 
@@ -137,22 +138,16 @@ class BucketedStep:
         by_name = {str(s): s for s in binding}
         high = {by_name[name]: edge for name, edge in key}
         low = {by_name[name]: lower_end(edge, self.edges) for name, edge in key}
-        sizes = ", ".join(f"{name}={edge}" for name, edge in key)
-        larger = check_monotone(self.joint, low, high)
-        if larger:
-            err = CaptureError(
-                f"remat cannot plan the bucket up to {sizes}: {len(larger)} value(s) ({', '.join(larger[:4])}) "
-                "hold more memory at the bucket's smallest sizes than at its edge, so its plan would not hold "
-                "there; give bucket edges (options={'buckets': [...]}) that put those sizes in buckets of their own")
+        try:
+            refuse_unless_monotone(self.joint, low, high)
+        except CaptureError as err:
             self.refused[key] = err
-            raise err
+            raise
         try:
             with _random_state_kept():  # profiling runs random ops: the step must draw as if it had not
                 capture, plan = self.plan_bucket(concrete_joint(self.joint, high), key, full)
         except InfeasibleBudgetError as err:
-            err.args = (f"at input sizes up to {sizes} (this bucket; smaller buckets may still fit): {err.args[0]}",)
-            err.bucket = dict(key)
-            self.refused[key] = err
+            self.refused[key] = name_bucket(err, key)
             raise
         # a fraction's bytes grow when a larger bucket is planned: a bucket refused before may fit now
         self.refused = {k: e for k, e in self.refused.items() if not isinstance(e, InfeasibleBudgetError)}

@@ -88,7 +88,7 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from ..budget import is_fraction
 from ..capture import capture_joint, joint_device
-from ..capture.shapes import check_monotone, concrete_joint, guard_bucket, is_dynamic
+from ..capture.shapes import bucket_key, concrete_joint, guard_bucket, is_dynamic, name_bucket, refuse_unless_monotone
 from ..cost import INDUCTOR_COST_MODEL, make_cost_fn, make_workspace_fn
 from ..errors import CaptureError, InfeasibleBudgetError
 from ..execute import compiled_ops  # noqa: F401  (registers remat's operators before any compiled graph runs)
@@ -202,7 +202,7 @@ class RematPartitioner(CustomPartitionerFn):
         opts = self.options
         device = joint_device(gm)
         bucket = self._bucket(gm) if is_dynamic(gm) else None
-        key = None if bucket is None else tuple(sorted((str(s), edge) for s, edge in bucket.items()))
+        key = None if bucket is None else bucket_key(bucket)
         if (key, self.bucket_budget_bytes) in self.refused:  # refused at this budget already (a fraction's
             raise self.refused[(key, self.bucket_budget_bytes)]  # bytes grow with the buckets: then it plans again)
         seeded_copies = draw_random_per_reader(gm)
@@ -225,10 +225,7 @@ class RematPartitioner(CustomPartitionerFn):
         except InfeasibleBudgetError as err:
             if not may_offload or uses_swaps(fused.graph):
                 if bucket is not None:
-                    sizes = ", ".join(f"{s}={edge}" for s, edge in sorted(bucket.items(), key=str))
-                    err.args = (f"at input sizes up to {sizes} (this bucket; smaller ones may still fit): {err.args[0]}",)
-                    err.bucket = dict(key)
-                    self.refused[(key, self.bucket_budget_bytes)] = err
+                    self.refused[(key, self.bucket_budget_bytes)] = name_bucket(err, key)
                 raise
             # below what recomputation reaches: auto offloads too (its error then names that minimum)
             fused = with_transfer_costs(fused, compiled_transfer_meta(device))
@@ -237,7 +234,7 @@ class RematPartitioner(CustomPartitionerFn):
             if may_offload and not uses_swaps(fused.graph):
                 fused, plan = self._offload_if_much_cheaper(fused, plan, device)
         if bucket is not None:
-            plan.info["bucket"] = {str(s): edge for s, edge in sorted(bucket.items(), key=str)}
+            plan.info["bucket"] = dict(key)
             _symbolic_again(gm, planned_gm)
         self.last_plan = plan
         if opts.on_plan is not None:
@@ -263,12 +260,7 @@ class RematPartitioner(CustomPartitionerFn):
                 "a recomputing solver")
         edges = tuple(sorted(opts.buckets)) if opts.buckets else None
         low, high = guard_bucket(gm, edges)
-        larger = check_monotone(gm, low, high)
-        if larger:
-            raise CaptureError(
-                f"remat cannot plan the bucket up to {high}: {len(larger)} value(s) ({', '.join(larger[:4])}) hold "
-                "more memory at the bucket's smallest sizes than at its edge, so its plan would not hold there; give "
-                "bucket edges (buckets=[...]) that put those sizes in buckets of their own")
+        refuse_unless_monotone(gm, low, high)
         return high
 
     def _plan(self, fused, reuse_rounds: int = SLACK_ROUNDS, bucket: dict | None = None):

@@ -171,7 +171,7 @@ def smallest_plan(graph: Graph, solver: str = "auto", *, time_limit: float | Non
             plans.append(graph.memo.get(_smallest_key(name, opts)))
     if swaps and uses_swaps(graph):
         plans.append(solver_minimum(graph, "hybrid", time_limit=time_limit))
-    return min((p for p in plans if p is not None), key=lambda p: (p.peak_bytes, p.step_seconds))
+    return _smallest_of(plans)
 
 
 def resolve(graph: Graph, budget, solver: str = "auto", *, time_limit: float | None = None, **options) -> int | None:
@@ -200,6 +200,11 @@ def given_plan(graph: Graph, plan, budget=None) -> Plan:
             f"budget of {format_bytes(budget_bytes)} ({budget_bytes} bytes): leave the budget out to run it as "
             "it is, raise the budget to its peak, or leave plan= out to plan for this budget")
     return plan
+
+
+def _smallest_of(plans: list) -> Plan:
+    """The plan of smallest peak (ties: the shorter step) among ``plans`` (None entries skipped)."""
+    return min((p for p in plans if p is not None), key=lambda p: (p.peak_bytes, p.step_seconds))
 
 
 def _fits(plan: Plan | None, budget_bytes) -> bool:
@@ -344,16 +349,21 @@ def _below_lower_bound(graph: Graph, budget_bytes: int, solver: str, fraction) -
             plans.append(solver_minimum(graph, name))
         except SolverError:
             pass
-    smallest = min((p for p in plans if p is not None), key=lambda p: (p.peak_bytes, p.step_seconds))
-    store, fixed = store_all_plan(graph).peak_bytes, fixed_bytes(graph)
-    exact = smallest.peak_bytes <= bound
+    smallest = _smallest_of(plans)
     detail = (f"the bound is the largest working set of one operator, or the gradients and outputs every plan "
               f"holds; the smallest budget is {smallest.solver}'s plan")
-    if not exact:
+    if smallest.peak_bytes > bound:
         detail += "; the exact minimum lies between the two (budget='min' finds it: minutes on a large branchy graph)"
+    return _error(graph, budget_bytes, smallest, detail, solver, fraction, lower_bound_bytes=bound)
+
+
+def _error(graph: Graph, budget_bytes: int, smallest: Plan, detail: str, solver: str, fraction,
+           lower_bound_bytes: int | None = None) -> InfeasibleBudgetError:
+    """The error naming ``smallest``'s peak as the budget to raise to, in bytes and as a fraction."""
+    store, fixed = store_all_plan(graph).peak_bytes, fixed_bytes(graph)
     return InfeasibleBudgetError(
         budget_bytes, smallest.peak_bytes, detail, solver=solver, budget_fraction=fraction,
-        min_budget_fraction=bytes_to_fraction(smallest.peak_bytes, store, fixed), lower_bound_bytes=bound,
+        min_budget_fraction=bytes_to_fraction(smallest.peak_bytes, store, fixed), lower_bound_bytes=lower_bound_bytes,
     )
 
 
@@ -371,10 +381,7 @@ def _infeasible(graph: Graph, budget_bytes: int, smallest: Plan, solver: str, fr
     if solver != "auto" and min(minima.values(), default=smallest.peak_bytes) < smallest.peak_bytes:
         detail += "; other solvers go lower: try solver='auto'"
     detail += f". Every plan holds {fixed} bytes of gradients and outputs; the store-everything peak is {store} bytes"
-    return InfeasibleBudgetError(
-        budget_bytes, smallest.peak_bytes, detail, solver=solver, budget_fraction=fraction,
-        min_budget_fraction=bytes_to_fraction(smallest.peak_bytes, store, fixed),
-    )
+    return _error(graph, budget_bytes, smallest, detail, solver, fraction)
 
 
 __all__ = ["make_plan", "given_plan", "resolve", "smallest_plan", "recomputation_plan", "uses_swaps", "solver_minimum", "store_all_plan", "auto_candidates",
