@@ -71,6 +71,9 @@ mobilenet      medium        201.3       209.1     131.5
 unet           tiny            0.6           -       3.9
 unet           small          40.8        51.4      30.8
 unet           medium        163.3       188.2     130.5
+densenet       tiny            0.3           -       2.0
+densenet       small          31.8        32.1      23.9
+densenet       medium        215.7       219.6     111.0
 gpt2           tiny            2.4           -       2.8
 gpt2           small          47.5        55.3      33.0
 gpt2           medium        227.0       242.5     152.6
@@ -83,6 +86,9 @@ vit            medium        150.9       156.9     126.7
 llama          tiny            1.8           -       2.8
 llama          small          38.2        45.9      27.7
 llama          medium        190.0       205.5     131.5
+t5             tiny            3.3           -       7.3
+t5             small          53.5        55.6      53.1
+t5             medium        268.8       273.2     253.3
 =============  ======  ===========  ==========  ========
 
 Models, one module per family (each module's docstring describes its models):
@@ -95,7 +101,8 @@ Models, one module per family (each module's docstring describes its models):
   Checkmate's (Jain et al., 2020) Table 2, written here (no torchvision) with the channel counts
   scaled down by a width multiplier and small images (32 or 64 px), in :mod:`.vgg`,
   :mod:`.resnet_imagenet`, :mod:`.mobilenet` and :mod:`.unet`.
-- :mod:`.hf`: ``gpt2``, ``bert``, ``vit``, ``llama``, ``transformers`` models built from configs
+- :mod:`.densenet`: ``densenet``, DenseNet-style dense blocks (every layer reads all earlier ones).
+- :mod:`.hf`: ``gpt2``, ``bert``, ``vit``, ``llama``, ``t5`` (encoder-decoder), ``transformers`` models built from configs
   and wrapped in :class:`LossOnly` so the output is the scalar loss; they need the
   ``transformers`` package (``pip install remat[models]``).
 
@@ -116,6 +123,7 @@ from .vgg import VGG
 from .resnet_imagenet import Bottleneck, ImageNetResNet
 from .mobilenet import MobileNet
 from .unet import UNet, UNetUp
+from .densenet import DenseLayer, DenseNet
 from .hf import LossOnly, _gpt2, _transformers  # noqa: F401  (_gpt2, _transformers: the tests call them)
 # isort: on
 

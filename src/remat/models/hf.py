@@ -1,4 +1,4 @@
-"""``gpt2``, ``bert``, ``vit`` and ``llama``: models of the ``transformers`` library built from configs.
+"""``gpt2``, ``bert``, ``vit``, ``llama`` and ``t5`` (an encoder-decoder): models of the ``transformers`` library built from configs.
 
 The weights are random (nothing is downloaded) and the configs' default dropout is kept. Each
 model is wrapped in :class:`LossOnly`, so that its output is the scalar loss it computes from
@@ -141,3 +141,27 @@ def _llama(layers, hidden, heads, kv_heads, vocab, positions, batch, seq):
     model = _finish_hf(tf.LlamaForCausalLM(config), "ForCausalLM", use_cache=False)
     ids = torch.randint(0, vocab, (batch, seq))
     return model, (), {"input_ids": ids, "labels": ids.clone()}
+
+
+_T5 = dict(layers=2, d_model=128, heads=4, vocab=1000)
+
+
+@register(
+    "t5",
+    tiny=dict(_T5, batch=2, seq=32, target=16),
+    small=dict(_T5, batch=8, seq=128, target=32),
+    medium=dict(_T5, layers=4, batch=8, seq=256, target=64),
+)
+def _t5(layers, d_model, heads, vocab, batch, seq, target):
+    """An encoder-decoder: ``layers`` encoder and decoder layers, cross-attention from every
+    decoder layer to the encoder's output (read far from where it is made)."""
+    tf = _transformers()
+    config = tf.T5Config(
+        vocab_size=vocab, d_model=d_model, d_kv=d_model // heads, d_ff=4 * d_model, num_layers=layers,
+        num_decoder_layers=layers, num_heads=heads, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+    )
+    config._attn_implementation = "eager"
+    model = _finish_hf(tf.T5ForConditionalGeneration(config), "ForMaskedLM", use_cache=False)
+    ids = torch.randint(2, vocab, (batch, seq))
+    labels = torch.randint(2, vocab, (batch, target))
+    return model, (), {"input_ids": ids, "labels": labels}

@@ -111,6 +111,9 @@ def run_highs(h, time_limit: float | None, gap: float, threads: int | None):
     h.setOptionValue("mip_abs_gap", 1e-9)
     if threads:
         h.setOptionValue("threads", int(threads))
+        # HiGHS sizes one global thread pool at its first run and refuses to run ("Not Set") when a
+        # later model asks for another count: start the pool again at this one
+        highspy.Highs.resetGlobalScheduler(True)
     start = time.perf_counter()
     h.run()
     status, info = h.getModelStatus(), h.getInfo()

@@ -177,6 +177,29 @@ def horizons(graph: Graph, variable: set[int], recomputable: set[int]) -> tuple[
     return horizon, need
 
 
+def recompute_windows(graph: Graph, pinned: set[int], horizon: list[int]) -> list[range]:
+    """Per forward node, the stages in which it may be recomputed (before that stage's own node).
+
+    From ``i + 1`` to its horizon, except: a node making a gradient is never recomputed (its last
+    copy would live to the end beside the first); a node reading an input the step mutates
+    (``meta['no_backward_recompute']``) only in the forward; a node with a forward output only
+    after the boundary (the user holds that output from its computation to the boundary)."""
+    values, num_forward = graph.values, len(graph.forward_nodes)
+    no_bwd = set(graph.meta.get("no_backward_recompute", ()))
+    has_pinned_output = {values[v].producer for v in pinned}
+    backward_outputs = set(graph.backward_outputs)
+    makes_gradient = {values[v].producer for v in pinned if v in backward_outputs}
+    windows = []
+    for i in range(num_forward):
+        if i in makes_gradient:
+            windows.append(range(0))
+            continue
+        last = min(horizon[i], num_forward - 1) if i in no_bwd else horizon[i]
+        first = max(i + 1, num_forward) if i in has_pinned_output else i + 1
+        windows.append(range(first, last + 1))
+    return windows
+
+
 def build(
     graph: Graph, budget_bytes: int | None, *, dominance_cuts: bool = True, save_budget_bytes: int | None = None
 ) -> Formulation:
@@ -192,22 +215,11 @@ def build(
     n = len(nodes)
     num_forward = len(graph.forward_nodes)
     variable, pinned = value_roles(graph)
-    no_bwd = set(graph.meta.get("no_backward_recompute", ()))
-    has_pinned_output = {values[v].producer for v in pinned}
     held = {v for v in graph.forward_outputs if values[v].kind == ACTIVATION}  # the user's copies
     backward_outputs = set(graph.backward_outputs)
-    makes_gradient = {values[v].producer for v in pinned if v in backward_outputs}
     horizon, need = horizons(graph, variable, set(range(num_forward)))
-
-    def window(i: int) -> range:
-        """Stages in which forward node i may be recomputed."""
-        if i in makes_gradient:  # its last copy must live to the end: never recomputed
-            return range(0)
-        last = min(horizon[i], num_forward - 1) if i in no_bwd else horizon[i]
-        # a forward output is resident from its computation to the boundary: recomputing
-        # its producer is possible only after the boundary (the user keeps the old copy)
-        first = max(i + 1, num_forward) if i in has_pinned_output else i + 1
-        return range(first, last + 1)
+    windows = recompute_windows(graph, pinned, horizon)
+    window = windows.__getitem__
 
     rng_bytes = int(graph.meta.get("rng_state_bytes", 0))
     random_recomputable = sum(1 for i in range(num_forward) if nodes[i].random and len(window(i)))
@@ -585,4 +597,4 @@ def decode(f: Formulation, x) -> tuple[set[tuple[int, int]], set[tuple[int, int]
     return R_on, S_on
 
 
-__all__ = ["Formulation", "build", "to_highs", "schedule_from_R", "solution_vector", "decode"]
+__all__ = ["Formulation", "build", "recompute_windows", "value_roles", "horizons", "to_highs", "schedule_from_R", "solution_vector", "decode"]

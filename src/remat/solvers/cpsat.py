@@ -1,0 +1,453 @@
+"""Moccasin's interval formulation on OR-Tools CP-SAT (``cpsat``): Checkmate's plans, O(n) variables.
+
+The plan space is the MILP's (:mod:`remat.solvers.checkmate_model`): stage ``t`` runs node ``t``,
+before it forward nodes may be recomputed, in graph order, within the node's window
+(:func:`~remat.solvers.checkmate_model.recompute_windows`). Instead of a binary per (stage, node)
+and per (stage, value), each forward node ``i`` has at most ``copies`` computations (Bartan et al.,
+ICML 2023), the first fixed and the others optional, and each value a *retention interval* per
+computation. The stages are laid out on one time line of positions ``P(t, k)``: stage ``t``'s
+recomputations in graph order, then node ``t``.
+
+* ``present[i,d]`` (``d ≥ 1``) — the ``d``-th recomputation of ``i`` happens, at position
+  ``start[i,d] ∈ {P(t, i) : t in window(i)}``; copies are ordered: ``present[i,d+1] ⇒ present[i,d]``
+  and ``start[i,d+1] > start[i,d]``; copy ``0`` is the first computation, at ``P(i, i)``;
+* ``end[v,d]`` — the last position at which copy ``d`` of value ``v`` is resident;
+* every computation at position ``r`` reads the *newest* copy of each input made before ``r``
+  (as :meth:`~remat.plan.Plan.from_schedule` runs it), so for each input ``v`` of it and copy ``d``
+  of ``v``'s producer: ``started(d, r) ∧ ¬started(d+1, r) ⇒ end[v,d] ≥ r``, with the literal
+  ``started(d, r) ⇔ present[i,d] ∧ start[i,d] ≤ r``;
+* memory: one cumulative constraint over the time line, every interval ``[start, end]`` demanding
+  its value's bytes, each computation its workspace at its position, plus fixed intervals for what
+  the plan does not choose (backward values and tangents to their last reader, forward outputs
+  the user holds and gradients to the end); capacity = budget (less the generator states of
+  random nodes that may be replayed, as in the MILP);
+* objective: ``min Σ cost(i) · present[i,d]`` (costs in integer units of ``1e-7`` of the largest).
+
+A position where nothing runs holds no more than the next position where something does, so the
+cumulative bound is exactly the simulator's peak for the tightest ends. With ``copies`` at least the
+most times an optimal plan computes one node, the optimum is the MILP's; each extra copy adds
+variables, so the default (3: two recomputations per node) is a trade. Values are counted in units of
+the greatest common divisor of all sizes, exactly. The search is warm-started (a hint) from the
+cheapest heuristic plan that fits; at the time limit the best plan found is returned with its gap.
+When nothing fits, the same model with the capacity as a variable finds the smallest peak.
+"""
+
+from __future__ import annotations
+
+import copy as copy_module
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+
+from ..errors import SolverError, SolverTimeLimitWarning
+from ..graph import ACTIVATION, Graph
+from ..plan import Plan
+from ..simulate import COMPUTE, peak_lower_bound
+from .checkmate_model import horizons, recompute_windows, value_roles
+from .registry import SOLVERS, register
+
+DEFAULT_TIME_LIMIT = 120.0
+DEFAULT_COPIES = 3
+DEFAULT_WORKERS = 8
+COST_UNITS = 10_000_000  # the largest node's cost, in the objective's integer units
+
+
+@dataclass
+class Timeline:
+    """Positions of the stages on one line: ``index[(t, k)]`` for every node ``k`` that may run in stage ``t``."""
+
+    graph: Graph
+    windows: list[range]
+    stages: list[list[int]] = field(default_factory=list)
+    index: dict[tuple[int, int], int] = field(default_factory=dict)
+    stage_of: dict[int, tuple[int, int]] = field(default_factory=dict)  # position -> (stage, node)
+
+    @classmethod
+    def of(cls, graph: Graph, windows: list[range]) -> "Timeline":
+        line = cls(graph, windows)
+        recomputed_in: dict[int, list[int]] = {}
+        for i, window in enumerate(windows):
+            for t in window:
+                recomputed_in.setdefault(t, []).append(i)
+        for t in range(len(graph.nodes)):
+            stage = recomputed_in.get(t, []) + [t]
+            line.stages.append(stage)
+            for k in stage:
+                line.stage_of[len(line.index)] = (t, k)
+                line.index[(t, k)] = len(line.index)
+        return line
+
+    @property
+    def length(self) -> int:
+        return len(self.index)
+
+    def own(self, k: int) -> int:
+        """Position of node ``k``'s first computation (its own stage)."""
+        return self.index[(k, k)]
+
+    def last_of_stage(self, t: int) -> int:
+        return self.index[(t, t)]
+
+
+@dataclass
+class Model:
+    """The CP-SAT model of one graph and budget, with the variables a plan is read from."""
+
+    cp: object
+    line: Timeline
+    present: dict[tuple[int, int], object]  # (node, copy >= 1) -> literal
+    start: dict[tuple[int, int], object]  # (node, copy >= 1) -> position variable
+    end: dict[tuple[int, int], object]  # (value, copy) -> last resident position (variable)
+    capacity: object  # int, or the variable minimised when looking for the smallest peak
+    unit: int  # bytes per memory unit
+    cost_units: dict[int, int]
+    copies: int
+    info: dict = field(default_factory=dict)
+
+
+def _gcd_of(numbers) -> int:
+    g = 0
+    for x in numbers:
+        g = math.gcd(g, int(x))
+    return g or 1
+
+
+def build_model(graph: Graph, budget_bytes: int | None, *, copies: int = DEFAULT_COPIES) -> Model:
+    """The CP-SAT model of ``graph`` under ``budget_bytes`` (``None``: the capacity is a variable)."""
+    from ortools.sat.python import cp_model
+
+    values, nodes, users = graph.values, graph.nodes, graph.users
+    n, num_forward = len(nodes), len(graph.forward_nodes)
+    variable, pinned = value_roles(graph)
+    horizon, need = horizons(graph, variable, set(range(num_forward)))
+    windows = recompute_windows(graph, pinned, horizon)
+    line = Timeline.of(graph, windows)
+    end_of_step = line.length - 1
+    backward_outputs = set(graph.backward_outputs)
+    cp = cp_model.CpModel()
+
+    rng_bytes = int(graph.meta.get("rng_state_bytes", 0))
+    reserve = rng_bytes * sum(1 for i in range(num_forward) if nodes[i].random and len(windows[i]))
+    sizes = [values[v].bytes for v in range(len(values))] + [nd.workspace for nd in nodes]
+    unit = _gcd_of(sizes)
+    largest_cost = max((nd.cost for nd in nodes), default=0.0) or 1.0
+    cost_units = {i: int(round(nodes[i].cost / largest_cost * COST_UNITS)) for i in range(num_forward)}
+
+    intervals, demands = [], []
+
+    def hold(first: int, last: int, nbytes: int) -> None:
+        """A fixed interval [first, last] of positions holding nbytes."""
+        if nbytes and first <= last:
+            intervals.append(cp.new_fixed_size_interval_var(first, last - first + 1, ""))
+            demands.append(nbytes // unit)
+
+    # ---- computations: copy 0 fixed, copies 1.. optional
+    present: dict[tuple[int, int], object] = {}
+    start: dict[tuple[int, int], object] = {}
+    for i in range(num_forward):
+        positions = [line.index[(t, i)] for t in windows[i]]
+        for d in range(1, copies if positions else 1):
+            present[(i, d)] = cp.new_bool_var(f"p{i}_{d}")
+            start[(i, d)] = cp.new_int_var_from_domain(cp_model.Domain.from_values(positions), f"s{i}_{d}")
+            if d > 1:
+                cp.add_implication(present[(i, d)], present[(i, d - 1)])
+                cp.add(start[(i, d)] > start[(i, d - 1)]).only_enforce_if(present[(i, d)])
+            if nodes[i].workspace:
+                intervals.append(cp.new_optional_fixed_size_interval_var(start[(i, d)], 1, present[(i, d)], ""))
+                demands.append(nodes[i].workspace // unit)
+    for node in nodes:
+        hold(line.own(node.id), line.own(node.id), node.workspace)
+
+    # ---- residency of each copy of each forward value
+    end: dict[tuple[int, int], object] = {}
+    for i in range(num_forward):
+        for v in nodes[i].outputs:
+            # a value is read up to stage need[v]; a recomputed copy may be made as late as horizon[i]
+            reach = end_of_step if v not in variable else line.last_of_stage(max(need[v], horizon[i]))
+            if v in pinned:  # the first copy is the user's (or the step's result): to the end
+                hold(line.own(i), end_of_step, values[v].bytes)
+            else:
+                end[(v, 0)] = cp.new_int_var(line.own(i), reach, f"e{v}_0")
+                intervals.append(cp.new_interval_var(line.own(i), end[(v, 0)] - line.own(i) + 1, end[(v, 0)] + 1, ""))
+                demands.append(values[v].bytes // unit)
+            for d in range(1, copies):
+                if (i, d) not in present:
+                    break
+                end[(v, d)] = cp.new_int_var(0, reach, f"e{v}_{d}")
+                size = cp.new_int_var(1, reach + 1, "")  # start + size = end + 1: resident from its computation
+                intervals.append(cp.new_optional_interval_var(start[(i, d)], size, end[(v, d)] + 1, present[(i, d)], ""))
+                demands.append(values[v].bytes // unit)
+    # ---- what the plan does not choose: backward values and tangents
+    for node in graph.backward_nodes:
+        for v in node.outputs:
+            last = n - 1 if v in backward_outputs else max(users[v], default=node.id)
+            hold(line.own(node.id), line.last_of_stage(last), values[v].bytes)
+    if num_forward < n:
+        first_backward = line.index[(num_forward, line.stages[num_forward][0])]
+        for v in graph.tangents:
+            if v in backward_outputs:
+                last = n - 1
+            else:
+                last = max(users[v], default=num_forward)  # an unread tangent goes after the first backward op
+            hold(first_backward, line.last_of_stage(last), values[v].bytes)
+
+    # ---- every computation reads the newest copy of each input made before it
+    for j in range(n):
+        readings = [(None, line.own(j))]  # (presence literal or None when certain, position)
+        readings += [(present[(j, d)], start[(j, d)]) for d in range(1, copies) if (j, d) in present]
+        for v in dict.fromkeys(nodes[j].inputs):
+            i = values[v].producer
+            if i is None or i >= num_forward or values[v].kind != ACTIVATION:
+                continue
+            made = [0] + [d for d in range(1, copies) if (i, d) in present]
+            if len(made) == 1 and (v, 0) not in end:
+                continue  # only the user's copy: resident throughout
+            for occurring, r in readings:
+                started = [True] + [_started(cp, present[(i, d)], start[(i, d)], r) for d in made[1:]]
+                for d in made[2:]:
+                    if started[d] is not None and started[d - 1] is not True and started[d - 1] is not None:
+                        cp.add_implication(started[d], started[d - 1])
+                for d in made:
+                    if (v, d) not in end or started[d] is None:
+                        continue  # the user's copy needs nothing; a copy not made by r serves nothing
+                    enforce = [] if occurring is None else [occurring]
+                    if started[d] is not True:
+                        enforce.append(started[d])
+                    if d + 1 < len(made) and started[d + 1] is not None:
+                        enforce.append(started[d + 1].negated())
+                    cp.add(end[(v, d)] >= r).only_enforce_if(enforce)
+
+    if budget_bytes is None:
+        capacity = cp.new_int_var(0, sum(demands), "capacity")
+    else:
+        capacity = max(0, (budget_bytes - reserve) // unit)
+    cp.add_cumulative(intervals, demands, capacity)
+    model = Model(cp, line, present, start, end, capacity, unit, cost_units, copies)
+    model.info = {"intervals": len(intervals), "positions": line.length, "copies": copies, "memory unit bytes": unit,
+                  "rng reserve bytes": reserve}
+    return model
+
+
+def _started(cp, present, start, r):
+    """A literal for "this copy was made (``present``) at ``start`` no later than position ``r``",
+    or None when it cannot have been (every position it may take is after ``r``)."""
+    if isinstance(r, int) and min(_domain(start)) > r:
+        return None
+    lit = cp.new_bool_var("")
+    cp.add_implication(lit, present)
+    cp.add(start <= r).only_enforce_if(lit)
+    cp.add(start > r).only_enforce_if([present, lit.negated()])
+    return lit
+
+
+def _domain(var) -> list[int]:
+    bounds = list(var.proto.domain)
+    return bounds[0::2]
+
+
+# ------------------------------------------------------------------------------ plans in and out
+def recomputations(plan: Plan, line: Timeline) -> dict[int, list[int]] | None:
+    """Per forward node, the stages a frontier-advancing plan recomputes it in (None if the plan is
+    not one the model can express)."""
+    stages: dict[int, list[int]] = {}
+    frontier, last_in_stage = 0, -1
+    for ins in plan.instructions:
+        if ins.kind != COMPUTE:
+            continue
+        c = ins.target
+        if c == frontier:
+            frontier, last_in_stage = frontier + 1, -1
+            continue
+        if c > frontier or (frontier, c) not in line.index or c <= last_in_stage:
+            return None
+        stages.setdefault(c, []).append(frontier)
+        last_in_stage = c
+    return stages
+
+
+def hint(model: Model, stages: dict[int, list[int]]) -> bool:
+    """Hint the solver with a plan's recomputations, its residency ends worked out as the plan
+    frees (each read extends the newest copy). False if the model has too few copies for it."""
+    if any(ts and (i, len(ts)) not in model.present for i, ts in stages.items()):
+        return False
+    graph, line, cp = model.line.graph, model.line, model.cp
+    runs = sorted([(line.own(k), k, 0) for k in range(len(graph.nodes))]
+                  + [(line.index[(t, i)], i, d + 1) for i, ts in stages.items() for d, t in enumerate(ts)])
+    newest: dict[int, int] = {}
+    ends: dict[tuple[int, int], int] = {}
+    for r, k, d in runs:
+        for v in graph.nodes[k].inputs:
+            i = graph.values[v].producer
+            key = (v, newest.get(i, 0))
+            if key in model.end:
+                ends[key] = max(ends.get(key, r), r)
+        newest[k] = d
+        for v in graph.nodes[k].outputs:
+            if (v, d) in model.end:
+                ends.setdefault((v, d), r)
+    for (i, d), lit in model.present.items():
+        made = d <= len(stages.get(i, ()))
+        cp.add_hint(lit, made)
+        if made:
+            cp.add_hint(model.start[(i, d)], line.index[(stages[i][d - 1], i)])
+    for key, var in model.end.items():
+        if key in ends:
+            cp.add_hint(var, ends[key])
+    return True
+
+
+def decode(model: Model, solver) -> Plan:
+    """The plan of a solution: stage by stage, the recomputations in graph order, then the stage's node."""
+    line = model.line
+    recomputed = {line.stage_of[solver.value(model.start[key])] for key, lit in model.present.items() if solver.value(lit)}
+    num_forward = len(line.graph.forward_nodes)
+    forward: list[int] = []
+    backward: list[int] = []
+    for t, stage in enumerate(line.stages):
+        (forward if t < num_forward else backward).extend(k for k in stage if k == t or (t, k) in recomputed)
+    return Plan.from_schedule(line.graph, forward, backward, solver="cpsat")
+
+
+# ------------------------------------------------------------------------------ solving
+def _solver(time_limit: float, threads: int | None):
+    from ortools.sat.python import cp_model
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.1, float(time_limit))
+    # CP-SAT's portfolio (search, LP bounds, local search) wants about eight workers; fewer leave
+    # the bound far behind (ResNet-18 at 70%: gap 0.95 with two, 0.59 with eight, on two cores)
+    solver.parameters.num_workers = int(threads or DEFAULT_WORKERS)
+    return solver
+
+
+def solve_cpsat(
+    graph: Graph,
+    budget_bytes: int | None,
+    *,
+    time_limit: float | None = None,
+    copies: int | None = DEFAULT_COPIES,
+    threads: int | None = None,
+    warm_plans=(),
+    baselines: bool = True,
+    quiet: bool = False,
+) -> Plan:
+    """The cheapest plan of ``graph`` under ``budget_bytes`` with at most ``copies - 1``
+    recomputations per node (proven optimal unless ``plan.info['status']`` says otherwise);
+    ``budget_bytes=None``: the plan of smallest peak. When no plan with ``copies`` fits, the count is
+    doubled until it is :func:`most_copies` (``copies=None``: that count from the start), so an
+    infeasible answer is the MILP's."""
+    from ortools.sat.python import cp_model
+
+    began = time.perf_counter()
+    limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
+    if budget_bytes is not None and budget_bytes < peak_lower_bound(graph):
+        return _smallest_peak(graph, budget_bytes, limit, threads)
+    most = most_copies(graph)
+    copies = most if copies is None or budget_bytes is None else min(copies, most)
+    model = build_model(graph, budget_bytes, copies=copies)
+    cp = model.cp
+    if budget_bytes is None:
+        cp.minimize(model.capacity)
+    else:
+        cp.minimize(sum(model.cost_units[i] * lit for (i, _), lit in model.present.items()))
+    info = {"model": dict(model.info), "setup seconds": 0.0}
+    warm = None
+    from .checkmate import warm_start_plans
+
+    if budget_bytes is None:
+        candidates = sorted(warm_start_plans(graph, 0), key=lambda p: (p.peak_bytes, p.compute_seconds))
+    else:
+        plans = (warm_start_plans(graph, budget_bytes) if baselines else []) + list(warm_plans)
+        candidates = sorted((p for p in plans if p.peak_bytes <= budget_bytes), key=lambda p: p.compute_seconds)
+    for plan in candidates:
+        stages = recomputations(plan, model.line)
+        if stages is not None and hint(model, stages):
+            warm = plan
+            info["warm start"] = f"{plan.solver} ({plan.overhead * 100:+.1f}%)"
+            break
+    info["setup seconds"] = round(time.perf_counter() - began, 3)
+    solver = _solver(limit - (time.perf_counter() - began), threads)
+    status = solver.solve(cp)
+    info["solve seconds"] = round(solver.wall_time, 3)
+    status_name = solver.status_name(status)
+    left = limit - (time.perf_counter() - began)
+    if status == cp_model.INFEASIBLE and budget_bytes is not None and copies < most and left > 0:
+        # more recomputations per node may fit: the plan space grows until it is the MILP's
+        return solve_cpsat(graph, budget_bytes, time_limit=left, copies=min(most, 2 * copies), threads=threads,
+                           warm_plans=warm_plans, baselines=baselines, quiet=quiet)
+    if status == cp_model.INFEASIBLE and budget_bytes is not None:
+        return _smallest_peak(graph, budget_bytes, left, threads)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if warm is not None:
+            warm = copy_module.copy(warm)
+            warm.info = {**warm.info, **info, "status": f"cpsat found nothing better in {limit:.0f} s ({status_name})"}
+            return warm
+        raise SolverError(
+            f"cpsat found no plan for {graph.name!r} within {limit:.0f} s ({status_name}); raise time_limit, "
+            "or use solver='checkmate_lp' or a coarser graph"
+        )
+    objective, bound = solver.objective_value, solver.best_objective_bound
+    optimal = status == cp_model.OPTIMAL
+    plan = decode(model, solver)
+    info.update(status="optimal" if optimal else "time limit", gap=0.0 if optimal else _gap(objective, bound),
+                objective_units=objective, bound_units=bound)
+    plan.info.update(info)
+    if not optimal and not quiet:
+        warnings.warn(
+            f"cpsat stopped at its time limit ({limit:.0f} s) on {graph.name!r}: returning its best plan, "
+            f"within {100 * info['gap']:.2f}% of optimal",
+            SolverTimeLimitWarning,
+            stacklevel=3,
+        )
+    if budget_bytes is not None and plan.peak_bytes > budget_bytes:
+        raise SolverError(f"internal error: cpsat's plan peaks at {plan.peak_bytes} bytes over its budget {budget_bytes}")
+    return plan
+
+
+def _gap(objective: float, bound: float) -> float:
+    return 0.0 if objective <= 0 else max(0.0, (objective - bound) / objective)
+
+
+def most_copies(graph: Graph) -> int:
+    """Computations of one node beyond which the plan space cannot grow: its first, plus one per
+    stage of the longest recomputation window (then the space is the MILP's)."""
+    def count() -> int:
+        variable, pinned = value_roles(graph)
+        horizon, _ = horizons(graph, variable, set(range(len(graph.forward_nodes))))
+        return 1 + max((len(w) for w in recompute_windows(graph, pinned, horizon)), default=0)
+
+    return graph.memo.cached(("cpsat_most_copies",), count)
+
+
+def _smallest_peak(graph: Graph, budget_bytes: int, time_limit: float, threads) -> Plan:
+    """No plan fits: the plan of smallest peak (over budget) in the whole plan space, found once per
+    graph when proven, not once per budget."""
+    key = ("cpsat_smallest_peak",)
+    known = graph.memo.get(key)
+    if known is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SolverTimeLimitWarning)
+            known = solve_cpsat(graph, None, time_limit=max(1.0, time_limit), copies=None, threads=threads)
+        if known.info.get("status") == "optimal":
+            graph.memo[key] = known
+    plan = copy_module.copy(known)
+    plan.info = {**known.info, "status": f"infeasible at {budget_bytes} bytes; smallest peak shown"}
+    return plan
+
+
+@register("cpsat")
+def cpsat(graph: Graph, budget_bytes: int | None, *, time_limit: float | None = None, coarsen="auto",
+          copies: int = DEFAULT_COPIES, threads: int | None = None, **options) -> Plan:
+    if budget_bytes is None:
+        return SOLVERS["store_all"](graph, None)
+    from .coarsen import planned_on_coarse_graph
+
+    return planned_on_coarse_graph(
+        graph, coarsen,
+        lambda g: solve_cpsat(g, budget_bytes, time_limit=time_limit, copies=copies, threads=threads),
+        solver="cpsat",
+    )
+
+
+__all__ = ["solve_cpsat", "build_model", "Timeline", "recomputations"]
