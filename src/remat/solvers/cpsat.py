@@ -19,8 +19,9 @@ recomputations in graph order, then node ``t``.
 * memory: one cumulative constraint over the time line, every interval ``[start, end]`` demanding
   its value's bytes, each computation its workspace at its position, plus fixed intervals for what
   the plan does not choose (backward values and tangents to their last reader, forward outputs
-  the user holds and gradients to the end); capacity = budget (less the generator states of
-  random nodes that may be replayed, as in the MILP);
+  the user holds and gradients to the end, and a random node's generator state from its first
+  run to its last replay, as the simulator counts it -- the MILP reserves it for the whole step);
+  capacity = budget;
 * objective: ``min Σ cost(i) · present[i,d]`` (costs in integer units of ``1e-7`` of the largest).
 
 A position where nothing runs holds no more than the next position where something does, so the
@@ -128,8 +129,7 @@ def build_model(graph: Graph, budget_bytes: int | None, *, copies: int = DEFAULT
     cp = cp_model.CpModel()
 
     rng_bytes = int(graph.meta.get("rng_state_bytes", 0))
-    reserve = rng_bytes * sum(1 for i in range(num_forward) if nodes[i].random and len(windows[i]))
-    sizes = [values[v].bytes for v in range(len(values))] + [nd.workspace for nd in nodes]
+    sizes = [values[v].bytes for v in range(len(values))] + [nd.workspace for nd in nodes] + [rng_bytes]
     unit = _gcd_of(sizes)
     largest_cost = max((nd.cost for nd in nodes), default=0.0) or 1.0
     cost_units = {i: int(round(nodes[i].cost / largest_cost * COST_UNITS)) for i in range(num_forward)}
@@ -158,6 +158,16 @@ def build_model(graph: Graph, budget_bytes: int | None, *, copies: int = DEFAULT
                 demands.append(nodes[i].workspace // unit)
     for node in nodes:
         hold(line.own(node.id), line.own(node.id), node.workspace)
+    # a random node computed again keeps its generator state from its first run to its last replay
+    for i in range(num_forward):
+        if nodes[i].random and rng_bytes and (i, 1) in present:
+            last = cp.new_int_var(line.own(i), end_of_step, f"rng{i}")
+            for d in range(1, copies):
+                if (i, d) in present:
+                    cp.add(last >= start[(i, d)]).only_enforce_if(present[(i, d)])
+            size = cp.new_int_var(1, end_of_step + 1, "")
+            intervals.append(cp.new_optional_interval_var(line.own(i), size, last + 1, present[(i, 1)], ""))
+            demands.append(rng_bytes // unit)
 
     # ---- residency of each copy of each forward value
     end: dict[tuple[int, int], object] = {}
@@ -221,11 +231,10 @@ def build_model(graph: Graph, budget_bytes: int | None, *, copies: int = DEFAULT
     if budget_bytes is None:
         capacity = cp.new_int_var(0, sum(demands), "capacity")
     else:
-        capacity = max(0, (budget_bytes - reserve) // unit)
+        capacity = budget_bytes // unit
     cp.add_cumulative(intervals, demands, capacity)
     model = Model(cp, line, present, start, end, capacity, unit, cost_units, copies)
-    model.info = {"intervals": len(intervals), "positions": line.length, "copies": copies, "memory unit bytes": unit,
-                  "rng reserve bytes": reserve}
+    model.info = {"intervals": len(intervals), "positions": line.length, "copies": copies, "memory unit bytes": unit}
     return model
 
 

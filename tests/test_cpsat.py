@@ -1,0 +1,137 @@
+"""CP-SAT (Moccasin's intervals) finds the MILP's optimum, its plans run exactly and as predicted."""
+
+import warnings
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import remat
+from remat import models as zoo
+from remat.errors import InfeasibleBudgetError, SolverTimeLimitWarning
+from remat.graph import BACKWARD, GraphBuilder
+from remat.solvers import solve
+from remat.solvers.checkmate import solve_milp
+from remat.solvers.cpsat import most_copies, solve_cpsat
+
+from .exhaustive import cheapest_plan
+from .models.helpers import assert_bitwise, assert_close, fresh, optimized, run_step
+from .models.test_equality import reference
+from .models.test_memory import MiB, agrees, measured_peak
+from .test_checkmate import budgets_between, random_training_graph
+from .test_plan import chain
+
+
+def same_answer(graph, budget, got, want):
+    """Both fit (at the same cost, to the integer rounding of CP-SAT's objective) or neither does."""
+    assert (got.peak_bytes <= budget) == (want.peak_bytes <= budget), (budget, got.peak_bytes, want.peak_bytes)
+    if want.peak_bytes <= budget:
+        assert got.compute_seconds == pytest.approx(want.compute_seconds, rel=1e-6)
+        assert got.info["status"] == "optimal"
+
+
+@pytest.mark.parametrize("n", [2, 5, 8])
+def test_cpsat_is_optimal_on_chains_down_to_the_smallest_peak(n):
+    g = chain(n=n, size=100)
+    for budget in budgets_between(g, 5):  # the lowest is the MILP's smallest peak: many recomputations of one node
+        plan = solve_cpsat(g, budget, threads=2)
+        same_answer(g, budget, plan, cheapest_plan(g, budget))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(st.data())
+def test_cpsat_matches_the_milp_on_random_dags(data):
+    g = random_training_graph(data.draw, max_forward=6, held_outputs=data.draw(st.booleans()))
+    for budget in budgets_between(g, 4):
+        same_answer(g, budget, solve_cpsat(g, budget, threads=2), solve_milp(g, budget))
+
+
+def random_and_mutating_graph():
+    """A chain whose second op draws random numbers and whose third reads an input the step mutates."""
+    b = GraphBuilder("rng")
+    x = b.input("x", 10)
+    (a,) = b.op("a", [x], [40], cost=3)
+    (d,) = b.op("drop", [a], [40], cost=1, random=True)
+    (m,) = b.op("m", [d], [40], cost=2)
+    (y,) = b.op("y", [m], [40], cost=4)
+    (loss,) = b.op("loss", [y], [1], cost=1)
+    t = b.tangent("t", 1)
+    (gy,) = b.op("gy", [t, y], [40], phase=BACKWARD, cost=1)
+    (gm,) = b.op("gm", [gy, m], [40], phase=BACKWARD, cost=1)
+    (gd,) = b.op("gd", [gm, d], [40], phase=BACKWARD, cost=1)
+    (ga, w) = b.op("ga", [gd, a], [40, 8], phase=BACKWARD, cost=1)
+    return b.build(forward_outputs=[loss], backward_outputs=[w],
+                   meta={"rng_state_bytes": 16, "no_backward_recompute": [2]})
+
+
+def test_generator_states_and_mutated_inputs_are_planned_at_least_as_well_as_the_milp_plans_them():
+    """The MILP reserves a generator state for the whole step; CP-SAT counts it as the simulator
+    does, from the first run to the last replay, so it fits wherever the MILP fits, as cheaply."""
+    g = random_and_mutating_graph()
+    for budget in budgets_between(g, 5) + [solve_milp(g, None).peak_bytes - 8]:
+        got, want = solve_cpsat(g, budget, threads=2), solve_milp(g, budget)
+        if want.peak_bytes <= budget:
+            assert got.peak_bytes <= budget
+            assert got.compute_seconds <= want.compute_seconds * (1 + 1e-6)
+        m_runs = sum(1 for ins in got.instructions if ins.kind == "compute" and ins.target == 2)
+        assert m_runs == 1 or all(ins.target != 2 for ins in got.instructions[got.boundary:] if ins.kind == "compute")
+
+
+def test_too_few_copies_grow_until_the_plan_space_is_the_milps():
+    g = chain(n=8, size=100)
+    smallest = solve("checkmate", g, 0).peak_bytes
+    plan = solve_cpsat(g, smallest, copies=2, threads=2)  # one recomputation per node cannot reach it
+    assert plan.peak_bytes <= smallest
+    assert 2 < plan.info["model"]["copies"] <= most_copies(g)
+
+
+def test_a_budget_below_the_smallest_peak_is_answered_with_it_and_named_by_the_planner():
+    g = chain(n=6, size=100)
+    smallest = solve("checkmate", g, 0).peak_bytes
+    plan = solve("cpsat", g, smallest - 1)
+    assert plan.peak_bytes == smallest and plan.info["status"].startswith("infeasible")
+    ex = zoo.build("mlp", size="tiny")
+    with pytest.raises(InfeasibleBudgetError) as err:
+        remat.plan(ex.model, *ex.args, budget=1, solver="cpsat")
+    assert err.value.min_budget_bytes > 1
+
+
+def test_at_its_time_limit_cpsat_returns_its_best_plan_with_the_gap_and_says_so():
+    ex = zoo.build("mlp", size="small")  # 63 ops that neither HiGHS nor CP-SAT proves in 30 s at 70%
+    graph = remat.plan(ex.model, *ex.args, solver="store_all").graph
+    budget = int(0.7 * solve("store_all", graph, None).peak_bytes)
+    with pytest.warns(SolverTimeLimitWarning, match="cpsat stopped at its time limit"):
+        plan = solve_cpsat(graph, budget, time_limit=1.0, threads=2)
+    assert plan.peak_bytes <= budget
+    assert plan.info["status"] == "time limit" and 0 < plan.info["gap"] <= 1
+
+
+@pytest.mark.parametrize("name", ["resnet", "gpt2"])
+def test_cpsat_plans_train_like_eager_and_peak_as_predicted(name):
+    eager, store = reference(name)
+    ex = fresh(name)
+    graph_peak = remat.plan(ex.model, *ex.args, **ex.kwargs, solver="store_all", cost_model="unit").peak_bytes
+    lowest = remat.plan(ex.model, *ex.args, **ex.kwargs, solver="checkpoint_all", cost_model="unit").peak_bytes
+    budget = (graph_peak + lowest) // 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SolverTimeLimitWarning)  # unit costs tie everywhere: the proof is slow
+        module = optimized(ex, solver="cpsat", budget=budget, cost_model="unit", time_limit=5)
+    assert module.plan.peak_bytes <= budget and module.plan.solver == "cpsat"
+    got = run_step(ex, module, steps=2)
+    assert_close(got, eager)
+    assert_bitwise(got, store)
+
+
+def test_cpsat_measured_peak_agrees_with_its_prediction():
+    ex = zoo.build("cnn_bn", size="small")
+    store = remat.plan(ex.model, *ex.args, **ex.kwargs, solver="store_all")
+    budget = int(0.7 * store.peak_bytes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SolverTimeLimitWarning)
+        module = remat.optimize(ex.model, *ex.args, **ex.kwargs, budget=budget, solver="cpsat", time_limit=60)
+    predicted = module.plan.peak_bytes
+    assert predicted <= budget
+    measured = measured_peak(ex, module)
+    graph = module.plan.graph
+    assert agrees(measured, predicted, sum(graph.values[t].bytes for t in graph.tangents)), (
+        f"measured {measured / MiB:.2f} MiB, predicted {predicted / MiB:.2f} MiB")
