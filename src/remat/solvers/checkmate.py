@@ -279,8 +279,10 @@ def checkmate(
     warm_start: bool = True,
     gap: float = 1e-6,
     threads: int | None = None,
+    warm_plans=(),
     **options,
 ) -> Plan:
+    """``warm_plans``: plans of ``graph`` to start from too (used when ``graph`` is planned uncoarsened)."""
     if budget_bytes is None:
         return SOLVERS["store_all"](graph, None)  # nothing to trade: store everything
     from .coarsen import planned_on_coarse_graph
@@ -288,7 +290,8 @@ def checkmate(
     return planned_on_coarse_graph(
         graph,
         coarsen,
-        lambda g: solve_milp(g, budget_bytes, time_limit=time_limit, warm_start=warm_start, gap=gap, threads=threads),
+        lambda g: solve_milp(g, budget_bytes, time_limit=time_limit, warm_start=warm_start, gap=gap, threads=threads,
+                             warm_plans=warm_plans if g is graph else ()),
         solver="checkmate",
     )
 

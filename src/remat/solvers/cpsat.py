@@ -340,6 +340,7 @@ def solve_cpsat(
     warm_plans=(),
     baselines: bool = True,
     quiet: bool = False,
+    grow_copies: bool = True,
 ) -> Plan:
     """The cheapest plan of ``graph`` under ``budget_bytes`` with at most ``copies - 1``
     recomputations per node (proven optimal unless ``plan.info['status']`` says otherwise);
@@ -381,10 +382,15 @@ def solve_cpsat(
     info["solve seconds"] = round(solver.wall_time, 3)
     status_name = solver.status_name(status)
     left = limit - (time.perf_counter() - began)
+    if status == cp_model.INFEASIBLE and budget_bytes is not None and not grow_copies:
+        plan = copy_module.copy(min(warm_start_plans(graph, 0), key=lambda p: (p.peak_bytes, p.compute_seconds)))
+        plan.info = {**plan.info, **info, "status": f"infeasible at {budget_bytes} bytes with {copies - 1} "
+                     "recomputations per node; the smallest peak of the baselines shown"}
+        return plan
     if status == cp_model.INFEASIBLE and budget_bytes is not None and copies < most and left > 0:
         # more recomputations per node may fit: the plan space grows until it is the MILP's
         return solve_cpsat(graph, budget_bytes, time_limit=left, copies=min(most, 2 * copies), threads=threads,
-                           warm_plans=warm_plans, baselines=baselines, quiet=quiet)
+                           warm_plans=warm_plans, baselines=baselines, quiet=quiet, grow_copies=grow_copies)
     if status == cp_model.INFEASIBLE and budget_bytes is not None:
         return _smallest_peak(graph, budget_bytes, left, threads)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -447,14 +453,19 @@ def _smallest_peak(graph: Graph, budget_bytes: int, time_limit: float, threads) 
 
 @register("cpsat")
 def cpsat(graph: Graph, budget_bytes: int | None, *, time_limit: float | None = None, coarsen="auto",
-          copies: int = DEFAULT_COPIES, threads: int | None = None, **options) -> Plan:
+          copies: int = DEFAULT_COPIES, threads: int | None = None, warm_plans=(), grow_copies: bool = True,
+          **options) -> Plan:
+    """``warm_plans``: plans of ``graph`` to start from too (used when ``graph`` is planned uncoarsened);
+    ``grow_copies=False``: an infeasible budget is answered at ``copies`` (a baseline's smallest plan
+    is returned) instead of growing the plan space to the MILP's."""
     if budget_bytes is None:
         return SOLVERS["store_all"](graph, None)
     from .coarsen import planned_on_coarse_graph
 
     return planned_on_coarse_graph(
         graph, coarsen,
-        lambda g: solve_cpsat(g, budget_bytes, time_limit=time_limit, copies=copies, threads=threads),
+        lambda g: solve_cpsat(g, budget_bytes, time_limit=time_limit, copies=copies, threads=threads,
+                              warm_plans=warm_plans if g is graph else (), grow_copies=grow_copies),
         solver="cpsat",
     )
 

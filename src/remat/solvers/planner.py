@@ -1,9 +1,11 @@
 """From a Graph and a budget to a Plan: budget resolution, solver choice, clear failures.
 
 ``solver="auto"`` returns store_all's plan when it fits. Otherwise, on a graph of at most
-``AUTO_MILP_NODES`` ops it runs the Checkmate MILP (warm-started from the baselines, so never
-worse than them), adding the hierarchical planner when the MILP stops at its time limit
-(``AUTO_TIME_LIMIT`` seconds unless ``time_limit`` says otherwise) or misses the budget; a larger
+``AUTO_MILP_NODES`` ops it runs CP-SAT (:mod:`remat.solvers.cpsat`) with half its time
+(``AUTO_TIME_LIMIT`` seconds unless ``time_limit`` says otherwise) and, unless CP-SAT proved its
+plan optimal, the Checkmate MILP with the rest, warm-started from CP-SAT's plan and the baselines
+(so never worse than them), adding the hierarchical planner when neither proved an optimum
+or both missed the budget; a larger
 graph goes to the hierarchical planner, which itself hands graphs without block structure to the
 MILP. Wherever the hierarchical planner runs, so does ``keep_set`` (milliseconds per save budget):
 the exact cheapest plans that keep one set of values across the whole graph, which the
@@ -61,7 +63,7 @@ AUTO_MILP_NODES = 100  # the op-level MILP usually proves optimality on graphs t
 FAST_SOLVERS = ("checkpoint_all", "chen_sqrt", "chen_greedy", "rotor", "hierarchical")  # auto's fallbacks
 # solvers whose plan at a budget they cannot meet is already their smallest-peak plan (the MILP
 # then minimises the peak): their minimum is learnt from that plan, not from a second solve
-MINIMUM_WHEN_INFEASIBLE = ("checkmate", "checkmate_lp")
+MINIMUM_WHEN_INFEASIBLE = ("checkmate", "checkmate_lp", "cpsat")
 # the budget to raise to when a budget is below the lower bound: these solvers' smallest plans (each
 # a sweep or a DP, no search), with the smallest-peak plans already known for the graph
 # (rotor is left out: its DP at budget 0 took 11 s on the zoo's MobileNet)
@@ -102,7 +104,7 @@ def auto_candidates(graph: Graph) -> list[str]:
 
 def auto_solvers(graph: Graph) -> list[str]:
     """Every solver ``auto`` may use on ``graph``: its first choices, then the fast ones."""
-    names = auto_candidates(graph) + (["hierarchical"] if auto_candidates(graph) == ["checkmate"] else [])
+    names = auto_candidates(graph) + (["cpsat", "hierarchical"] if auto_candidates(graph) == ["checkmate"] else [])
     return names + [n for n in FAST_SOLVERS if n not in names]
 
 
@@ -114,16 +116,19 @@ def _remember(graph: Graph, name: str, options: dict, plan: Plan) -> None:
         graph.memo[key] = plan
 
 
-def _run(name: str, graph: Graph, budget_bytes, time_limit, options: dict, skip_inapplicable: bool) -> Plan | None:
-    """``solve``, remembering the plan's peak; None for a solver that does not apply (when skipped)."""
+def _run(name: str, graph: Graph, budget_bytes, time_limit, options: dict, skip_inapplicable: bool,
+         extra: dict | None = None) -> Plan | None:
+    """``solve``, remembering the plan's peak; None for a solver that does not apply (when skipped).
+    ``extra``: more arguments for the solver that are not the user's options (no memo key holds them)."""
     try:
-        plan = solve(name, graph, budget_bytes, time_limit=time_limit, **options)
+        plan = solve(name, graph, budget_bytes, time_limit=time_limit, **options, **(extra or {}))
     except SolverError:
         if skip_inapplicable:
             return None
         raise
     _remember(graph, name, options, plan)
-    if budget_bytes is not None and plan.peak_bytes > budget_bytes and name in MINIMUM_WHEN_INFEASIBLE:
+    own_minimum = name in MINIMUM_WHEN_INFEASIBLE and (extra or {}).get("grow_copies", True)
+    if budget_bytes is not None and plan.peak_bytes > budget_bytes and own_minimum:
         _minimum_known(graph).add(_smallest_key(name, options))
     return plan
 
@@ -165,7 +170,7 @@ def smallest_plan(graph: Graph, solver: str = "auto", *, time_limit: float | Non
     first = auto_candidates(graph) + ["hierarchical"]
     for name in auto_solvers(graph):
         opts = options if name in first else {}
-        if thorough or name in FAST_SOLVERS:
+        if (thorough and name != "cpsat") or name in FAST_SOLVERS:  # the MILP finds the same minimum
             plans.append(solver_minimum(graph, name, time_limit=time_limit, **opts))
         else:  # the MILP's smallest plan seen (its minimum when it missed a budget)
             plans.append(graph.memo.get(_smallest_key(name, opts)))
@@ -270,17 +275,32 @@ def _auto(graph: Graph, budget_bytes, time_limit, options, fraction, swaps: bool
     return _for_budget(best, budget_bytes, **{"chosen by": f"auto among {', '.join(names)}"})
 
 
+def _exact(graph: Graph, budget_bytes, time_limit, options) -> tuple[list[str], list[Plan | None]]:
+    """auto's exact solvers on a small graph: CP-SAT with half the time (it proves many optima in
+    seconds that take HiGHS minutes, and where neither proves one its plans are as good or better),
+    then, unless it proved a plan optimal, the MILP warm-started from CP-SAT's plan with the rest."""
+    start = time.perf_counter()
+    # CP-SAT with its default copies only: it is slow to prove a budget infeasible, the MILP is not
+    first = _run("cpsat", graph, budget_bytes, time_limit / 2, options, True, {"grow_copies": False})
+    if _fits(first, budget_bytes) and first.info.get("status") == "optimal":
+        return ["cpsat"], [first]
+    left = max(1.0, time_limit - (time.perf_counter() - start))
+    warm = {"warm_plans": [first]} if _fits(first, budget_bytes) else {}
+    return ["cpsat", "checkmate"], [first, _run("checkmate", graph, budget_bytes, left, options, True, warm)]
+
+
 def _auto_recompute(graph: Graph, budget_bytes, time_limit, options, fraction, swaps: bool = True):
     """auto's choice among the recomputation solvers: (plan, solvers run); raises
     InfeasibleBudgetError below the smallest budget any solver reaches (swapping ones included
     when ``swaps``)."""
     names = auto_candidates(graph)
-    plans = [_run(n, graph, budget_bytes, time_limit, options, True) for n in names]
     if names == ["checkmate"]:
-        milp = plans[0]
-        if not _fits(milp, budget_bytes) or milp.info.get("status") != "optimal":
+        names, plans = _exact(graph, budget_bytes, time_limit, options)
+        if not any(_fits(p, budget_bytes) and p.info.get("status") == "optimal" for p in plans):
             names.append("hierarchical")
             plans.append(_run("hierarchical", graph, budget_bytes, time_limit, options, True))
+    else:
+        plans = [_run(n, graph, budget_bytes, time_limit, options, True) for n in names]
     if "hierarchical" in names:  # its chain DP can miss plans that keep a set across blocks
         names.append("keep_set")
         plans.append(_run("keep_set", graph, budget_bytes, min(time_limit, AUTO_KEEP_SET_SECONDS), {}, True))
