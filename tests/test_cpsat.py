@@ -135,3 +135,34 @@ def test_cpsat_measured_peak_agrees_with_its_prediction():
     graph = module.plan.graph
     assert agrees(measured, predicted, sum(graph.values[t].bytes for t in graph.tangents)), (
         f"measured {measured / MiB:.2f} MiB, predicted {predicted / MiB:.2f} MiB")
+
+
+def test_auto_stops_at_cpsats_proven_optimum_on_a_small_graph(monkeypatch):
+    from remat.solvers import checkmate as checkmate_module
+    from remat.solvers.planner import make_plan
+
+    milps = []
+    original = checkmate_module.solve_milp
+    monkeypatch.setattr(checkmate_module, "solve_milp", lambda *a, **k: milps.append(1) or original(*a, **k))
+    g = chain(n=8, size=100)
+    budget = (solve("store_all", g, None).peak_bytes + solve("checkpoint_all", g, None).peak_bytes) // 2
+    plan = make_plan(g, budget, "auto")
+    assert plan.solver == "cpsat" and plan.info["status"] == "optimal" and plan.peak_bytes <= budget
+    assert plan.info["chosen by"] == "auto among cpsat, keep_set" or "checkmate" not in plan.info["chosen by"]
+    assert not milps
+    assert plan.compute_seconds == pytest.approx(cheapest_plan(g, budget).compute_seconds)
+
+
+def test_auto_hands_cpsats_plan_to_the_milp_when_it_is_not_proven():
+    from remat.solvers.planner import _smallest_key, make_plan
+
+    ex = zoo.build("mlp", size="small")
+    graph = remat.plan(ex.model, *ex.args, solver="store_all").graph
+    budget = int(0.7 * solve("store_all", graph, None).peak_bytes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SolverTimeLimitWarning)
+        plan = make_plan(graph, budget, "auto", time_limit=4)
+    cpsats = graph.memo[_smallest_key("cpsat", {})]  # the one plan CP-SAT made in this run
+    assert cpsats.info["status"] == "time limit" and cpsats.peak_bytes <= budget
+    assert plan.peak_bytes <= budget and "cpsat, checkmate" in plan.info["chosen by"]
+    assert plan.compute_seconds <= cpsats.compute_seconds  # the MILP started from CP-SAT's plan

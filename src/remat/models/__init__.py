@@ -129,4 +129,4 @@ from .hf import LossOnly, _gpt2, _transformers  # noqa: F401  (_gpt2, _transform
 
 __all__ = ["Example", "SIZES", "build", "names", "register", "conv_bn", "shortcut", "LossOnly",
            "MLP", "CNN", "InplaceViewBlock", "InplaceViews", "TiedLM", "TwoOutputs", "BasicBlock", "ResNet", "VGG",
-           "Bottleneck", "ImageNetResNet", "MobileNet", "UNet", "UNetUp"]
+           "Bottleneck", "ImageNetResNet", "MobileNet", "UNet", "UNetUp", "DenseLayer", "DenseNet"]

@@ -16,6 +16,6 @@ May import: ``remat.cost``, ``remat.plan``, ``remat.simulate``, ``remat.budget``
 """
 
 from . import baselines, checkmate, checkmate_swap, chen, cpsat, hierarchical, hybrid, keep_set, revolve, rotor  # noqa: F401  (registers the solvers)
-from .registry import SOLVERS, Solver, available, register, solve
+from .registry import SOLVERS, Solver, available, register, solve, time_budget, time_left
 
-__all__ = ["SOLVERS", "Solver", "available", "register", "solve"]
+__all__ = ["SOLVERS", "Solver", "available", "register", "solve", "time_budget", "time_left"]

@@ -11,7 +11,9 @@ graph raises :class:`~remat.errors.SolverError` with the reason.
 from __future__ import annotations
 
 import time
-from typing import Callable, Protocol
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Callable, Iterator, Protocol
 
 from ..errors import SolverError
 from ..graph import Graph
@@ -37,6 +39,39 @@ def register(name: str) -> Callable[[Solver], Solver]:
     return deco
 
 
+# ------------------------------------------------------------------------------ one time budget for many solves
+MIN_SOLVE_SECONDS = 0.05  # what a solve still gets once the time is up: enough to return its warm start
+_deadline: ContextVar[float | None] = ContextVar("remat_solve_deadline", default=None)
+
+
+@contextmanager
+def time_budget(seconds: float | None) -> Iterator[None]:
+    """Bound all the solves inside by ``seconds`` from now, together: each :func:`solve` gets at most
+    the time left (a nested budget can only shorten it). ``None``: no bound. The ``remat`` command
+    runs each command inside its ``--time-limit``; solvers without a time limit of their own (the
+    dynamic programs, the baselines) are not interrupted, but take milliseconds to seconds."""
+    if seconds is None:
+        yield
+        return
+    end = time.perf_counter() + float(seconds)
+    outer = _deadline.get()
+    token = _deadline.set(end if outer is None else min(outer, end))
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+def time_left(time_limit: float | None = None) -> float | None:
+    """``time_limit`` shortened to what is left of the enclosing :func:`time_budget` (never below
+    ``MIN_SOLVE_SECONDS``); ``time_limit`` itself outside one."""
+    end = _deadline.get()
+    if end is None:
+        return time_limit
+    left = max(MIN_SOLVE_SECONDS, end - time.perf_counter())
+    return left if time_limit is None else min(float(time_limit), left)
+
+
 def available() -> list[str]:
     return sorted(SOLVERS)
 
@@ -48,7 +83,7 @@ def solve(name: str, graph: Graph, budget_bytes: int | None, *, time_limit: floa
     if budget_bytes is not None and budget_bytes < 0:
         raise SolverError(f"budget must be a non-negative number of bytes, got {budget_bytes}")
     start = time.perf_counter()
-    plan = SOLVERS[name](graph, budget_bytes, time_limit=time_limit, **options)
+    plan = SOLVERS[name](graph, budget_bytes, time_limit=time_left(time_limit), **options)
     plan.solver = plan.solver or name
     plan.budget_bytes = budget_bytes
     plan.solve_seconds = time.perf_counter() - start

@@ -474,7 +474,9 @@ def _add_planning(p: argparse.ArgumentParser, budget_required: bool) -> None:
                    help="a fraction in (0, 1], 'min' (the smallest feasible), or a size with a unit (2GiB, 800MB)")
     p.add_argument("--solver", default="auto", help="auto (default) or one of remat.available_solvers()")
     _add_cost_model(p)
-    p.add_argument("--time-limit", type=float, default=None, help="seconds a MILP solver may run")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="seconds the command's planning may take in all; an exact solver stopped by it returns its "
+                        "best plan and says how far from optimal it may be")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -512,7 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--budgets", nargs="+", type=parse_budget, default=list(DEFAULT_PARETO_BUDGETS),
                        metavar="BUDGET")
     _add_cost_model(sweep)
-    sweep.add_argument("--time-limit", type=float, default=None, help="seconds a MILP solver may run per budget")
+    sweep.add_argument("--time-limit", type=float, default=None,
+                       help="seconds all the sweep's planning may take, shared among its solvers and budgets")
     sweep.add_argument("--output", metavar="FILE.png|svg", help="plot the curves to this file")
     sweep.set_defaults(func=cmd_sweep)
 
@@ -574,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # --help, or a usage error already printed as one line
         return stop.code if isinstance(stop.code, int) else EXIT_USAGE
+    from ..solvers.registry import time_budget
+
     ui = _Ui()
     show_warning = warnings.showwarning
 
@@ -583,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = warn_on_one_line  # printed above a running progress bar, without source lines
     try:
         try:
-            return args.func(args, ui)
+            with time_budget(getattr(args, "time_limit", None)):  # every solve of the command, together
+                return args.func(args, ui)
         finally:
             sys.stdout.flush()  # what was printed comes before an error line
             warnings.showwarning = show_warning

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..api import capture_and_plan
@@ -16,6 +17,7 @@ from ..budget import fixed_bytes
 from ..cost import DEFAULT_COST_MODEL
 from ..errors import InfeasibleBudgetError, SolverError
 from ..solvers import available as available_solvers
+from ..solvers import time_left
 from ..solvers.cache import plan_with_cache
 from ..solvers.planner import resolve, store_all_plan
 from .plots import plot_pareto
@@ -81,11 +83,15 @@ def pareto_of_graph(graph, *, solvers=DEFAULT_PARETO_SOLVERS, budgets=DEFAULT_PA
     front = ParetoFront()
     front.budgets, front.fixed_bytes = budget_bytes, fixed_bytes(graph)
     front.store_all_peak = store_all_plan(graph).peak_bytes
+    cells_left = len(solvers) * len(budget_bytes)
     for name in solvers:
         plans = []
         for b in budget_bytes:
+            left = time_left()  # inside a time budget (the CLI's --time-limit): share what is left
+            limit = time_limit if left is None else min(time_limit or math.inf, left / cells_left)
+            cells_left -= 1
             try:
-                plan = plan_with_cache(graph, b, name, time_limit=time_limit, cost_model=cost_model, cache=cache)
+                plan = plan_with_cache(graph, b, name, time_limit=limit, cost_model=cost_model, cache=cache)
             except (InfeasibleBudgetError, SolverError):
                 plan = None
             plan = plan if plan is not None and (b is None or plan.peak_bytes <= b) else None
