@@ -166,3 +166,21 @@ def test_auto_hands_cpsats_plan_to_the_milp_when_it_is_not_proven():
     assert cpsats.info["status"] == "time limit" and cpsats.peak_bytes <= budget
     assert plan.peak_bytes <= budget and "cpsat, checkmate" in plan.info["chosen by"]
     assert plan.compute_seconds <= cpsats.compute_seconds  # the MILP started from CP-SAT's plan
+
+
+def test_a_time_budget_bounds_every_solve_inside_it_together():
+    import time
+
+    from remat.solvers import time_budget
+    from remat.tools.pareto import pareto_of_graph
+
+    ex = zoo.build("mlp", size="small")  # neither exact solver proves 70% or 50% on it in 30 s
+    graph = remat.plan(ex.model, *ex.args, solver="store_all").graph
+    start = time.perf_counter()
+    with warnings.catch_warnings(), time_budget(4.0):
+        warnings.simplefilter("ignore", SolverTimeLimitWarning)
+        front = pareto_of_graph(graph, solvers=["checkmate", "cpsat"], budgets=[0.7, 0.5], cache=False)
+    took = time.perf_counter() - start
+    assert took < 4.0 + 3.0, f"{took:.1f} s for a 4 s budget"  # slack: warm starts, model building
+    for name in ("checkmate", "cpsat"):
+        assert all(p is not None and p.peak_bytes <= b for p, b in zip(front[name], front.budgets))
