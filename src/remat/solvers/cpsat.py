@@ -352,6 +352,8 @@ def solve_cpsat(
     began = time.perf_counter()
     limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
     if budget_bytes is not None and budget_bytes < peak_lower_bound(graph):
+        if not grow_copies:
+            return _baselines_smallest(graph, budget_bytes, "below the lower bound of every plan's peak")
         return _smallest_peak(graph, budget_bytes, limit, threads)
     most = most_copies(graph)
     copies = most if copies is None or budget_bytes is None else min(copies, most)
@@ -383,10 +385,7 @@ def solve_cpsat(
     status_name = solver.status_name(status)
     left = limit - (time.perf_counter() - began)
     if status == cp_model.INFEASIBLE and budget_bytes is not None and not grow_copies:
-        plan = copy_module.copy(min(warm_start_plans(graph, 0), key=lambda p: (p.peak_bytes, p.compute_seconds)))
-        plan.info = {**plan.info, **info, "status": f"infeasible at {budget_bytes} bytes with {copies - 1} "
-                     "recomputations per node; the smallest peak of the baselines shown"}
-        return plan
+        return _baselines_smallest(graph, budget_bytes, f"no plan with {copies - 1} recomputations per node fits", info)
     if status == cp_model.INFEASIBLE and budget_bytes is not None and copies < most and left > 0:
         # more recomputations per node may fit: the plan space grows until it is the MILP's
         return solve_cpsat(graph, budget_bytes, time_limit=left, copies=min(most, 2 * copies), threads=threads,
@@ -417,6 +416,16 @@ def solve_cpsat(
         )
     if budget_bytes is not None and plan.peak_bytes > budget_bytes:
         raise SolverError(f"internal error: cpsat's plan peaks at {plan.peak_bytes} bytes over its budget {budget_bytes}")
+    return plan
+
+
+def _baselines_smallest(graph: Graph, budget_bytes: int, why: str, info=None) -> Plan:
+    """The baselines' plan of smallest peak, over ``budget_bytes``, saying ``why`` (not the minimum)."""
+    from .checkmate import warm_start_plans
+
+    plan = copy_module.copy(min(warm_start_plans(graph, 0), key=lambda p: (p.peak_bytes, p.compute_seconds)))
+    plan.info = {**plan.info, **(info or {}),
+                 "status": f"infeasible at {budget_bytes} bytes: {why}; the baselines' smallest peak shown"}
     return plan
 
 

@@ -13,7 +13,8 @@
 
 Steps 1–3 are cached per graph, and the DP's tables per slot size: a new budget reruns only
 the DP (usually not even that). A graph without block structure (fewer than two blocks) is
-handed to the ``checkmate`` solver. The grid: save budgets ``SAVE_FRACTIONS`` × the store-all
+handed to the exact solvers (:func:`~remat.solvers.planner.exact_plan`: CP-SAT, then the MILP
+warm-started from its plan unless CP-SAT proved it optimal). The grid: save budgets ``SAVE_FRACTIONS`` × the store-all
 schedule's saved bytes, each with the peak unbounded and bounded at ``PEAK_FRACTIONS`` of the
 store-all schedule's peak. With the peak unbounded the cheapest schedule is exact and takes
 milliseconds (:mod:`remat.solvers.keep_set`); each is offered with its *lean* variant too (what it
@@ -25,6 +26,7 @@ bound (it is then optimal there too).
 
 from __future__ import annotations
 
+import copy
 import time
 import warnings
 
@@ -183,7 +185,7 @@ def hierarchical_planner(graph: Graph, time_limit: float | None = None) -> Hiera
 
 @register("hierarchical")
 def hierarchical(graph: Graph, budget_bytes: int | None, *, time_limit: float | None = None, **options) -> Plan:
-    """Rockmate (see module docstring); graphs without block structure go to ``checkmate``."""
+    """Rockmate (see module docstring); graphs without block structure go to the exact solvers."""
     if options:
         raise SolverError(f"hierarchical takes no options, got {sorted(options)}")
     try:
@@ -191,8 +193,13 @@ def hierarchical(graph: Graph, budget_bytes: int | None, *, time_limit: float | 
     except SolverError as err:
         if "needs a chain of blocks" not in str(err):
             raise
-        plan = SOLVERS["checkmate"](graph, budget_bytes, time_limit=time_limit)
-        plan.info["fallback"] = "checkmate: the graph has no block structure"
+        from .planner import exact_plan
+
+        plan = exact_plan(graph, budget_bytes, time_limit)
+        if plan is None:  # neither exact solver applies (cannot happen on a graph they both take)
+            plan = SOLVERS["checkmate"](graph, budget_bytes, time_limit=time_limit)
+        plan = copy.copy(plan)
+        plan.info = {**plan.info, "fallback": f"{plan.solver}: the graph has no block structure"}
         plan.solver = "hierarchical"
         return plan
     plan = planner.solve(budget_bytes)

@@ -275,10 +275,20 @@ def _auto(graph: Graph, budget_bytes, time_limit, options, fraction, swaps: bool
     return _for_budget(best, budget_bytes, **{"chosen by": f"auto among {', '.join(names)}"})
 
 
+def exact_plan(graph: Graph, budget_bytes, time_limit, options=None) -> Plan | None:
+    """The cheapest fitting plan of :func:`_exact`'s (else its smallest peak): the exact planners'
+    answer for ``graph``, which the hierarchical planner gives a graph without block structure."""
+    _, plans = _exact(graph, budget_bytes, time_limit, options or {})
+    plans = [p for p in plans if p is not None]
+    fitting = [p for p in plans if _fits(p, budget_bytes)]
+    return _cheapest(fitting) if fitting else (_smallest_of(plans) if plans else None)
+
+
 def _exact(graph: Graph, budget_bytes, time_limit, options) -> tuple[list[str], list[Plan | None]]:
-    """auto's exact solvers on a small graph: CP-SAT with half the time (it proves many optima in
+    """The exact solvers on a small graph: CP-SAT with half the time (it proves many optima in
     seconds that take HiGHS minutes, and where neither proves one its plans are as good or better),
     then, unless it proved a plan optimal, the MILP warm-started from CP-SAT's plan with the rest."""
+    time_limit = AUTO_TIME_LIMIT if time_limit is None else time_limit
     start = time.perf_counter()
     # CP-SAT with its default copies only: it is slow to prove a budget infeasible, the MILP is not
     first = _run("cpsat", graph, budget_bytes, time_limit / 2, options, True, {"grow_copies": False})
