@@ -150,6 +150,29 @@ def _has_solution(h) -> bool:
     return h.getInfo().primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
 
 
+def known_smallest_peak(graph: Graph, key: str, time_limit: float) -> Plan | None:
+    """The smallest-peak plan an exact solver made for ``graph`` before: proven optimal, or found
+    with at least half of ``time_limit`` seconds (None: solve it, with the more time)."""
+    known = graph.memo.get((key,))
+    if known is None:
+        return None
+    plan, seconds = known
+    return plan if plan.info.get("status") == "optimal" or 2 * seconds >= time_limit else None
+
+
+def remember_smallest_peak(graph: Graph, key: str, plan: Plan, time_limit: float) -> None:
+    graph.memo[(key,)] = (plan, time_limit)
+
+
+def infeasible_below(graph: Graph, key: str, budget_bytes: int | None = None) -> int:
+    """The largest budget an exact solver has proven infeasible on ``graph`` (-1: none); with
+    ``budget_bytes``, record that it is."""
+    known = graph.memo.get((key, "infeasible"), -1)
+    if budget_bytes is not None and budget_bytes > known:
+        graph.memo[(key, "infeasible")] = known = budget_bytes
+    return known
+
+
 # ------------------------------------------------------------------------------ the MILP
 def solve_milp(
     graph: Graph,
@@ -175,7 +198,8 @@ def solve_milp(
     import highspy
 
     start = time.perf_counter()
-    if budget_bytes is not None and save_budget_bytes is None and budget_bytes < peak_lower_bound(graph):
+    if (budget_bytes is not None and save_budget_bytes is None
+            and (budget_bytes < peak_lower_bound(graph) or budget_bytes <= infeasible_below(graph, "checkmate"))):
         return _smallest_peak(graph, budget_bytes, time_limit, start, gap, threads)  # infeasible: no model to build
     f = build(graph, budget_bytes, save_budget_bytes=save_budget_bytes)
     h = to_highs(f)
@@ -220,6 +244,7 @@ def solve_milp(
         if status == highspy.HighsModelStatus.kInfeasible and save_budget_bytes is not None:
             raise SolverError(f"no plan of {graph.name!r} peaks within {budget_bytes} bytes and saves at most {save_budget_bytes}")
         if status == highspy.HighsModelStatus.kInfeasible and budget_bytes is not None:
+            infeasible_below(graph, "checkmate", budget_bytes)  # and so is every smaller budget
             return _smallest_peak(graph, budget_bytes, time_limit, start, gap, threads)
         if warm is not None:  # cannot happen (HiGHS keeps the warm start), but never return nothing
             return warm
@@ -253,17 +278,16 @@ def solve_milp(
 
 def _smallest_peak(graph, budget_bytes, time_limit, start, gap, threads) -> Plan:
     """No plan fits: return the plan of smallest peak (over budget) so the caller can name it. Solved
-    once per graph (the graph's memo; graphs of one step share it) when proven optimal, not once
-    per infeasible budget: a sweep's budgets below the minimum reuse it."""
-    key = ("checkmate_smallest_peak",)
-    known = graph.memo.get(key)
+    once per graph (the graph's memo; graphs of one step share it), not once per infeasible budget:
+    a sweep's budgets below the minimum reuse it. A plan not proven optimal is solved again only
+    for a call with more than twice the time it had."""
+    left = DEFAULT_TIME_LIMIT if time_limit is None else max(1.0, time_limit - (time.perf_counter() - start))
+    known = known_smallest_peak(graph, "checkmate_smallest_peak", left)
     if known is None:
-        left = None if time_limit is None else max(1.0, time_limit - (time.perf_counter() - start))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SolverTimeLimitWarning)
             known = solve_milp(graph, None, time_limit=left, gap=1e-4, threads=threads)
-        if known.info.get("status") == "optimal":
-            graph.memo[key] = known
+        remember_smallest_peak(graph, "checkmate_smallest_peak", known, left)
     plan = copy.copy(known)
     plan.info = {**known.info, "status": f"infeasible at {budget_bytes} bytes; smallest peak shown"}
     return plan

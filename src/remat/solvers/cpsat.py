@@ -446,15 +446,16 @@ def most_copies(graph: Graph) -> int:
 
 def _smallest_peak(graph: Graph, budget_bytes: int, time_limit: float, threads) -> Plan:
     """No plan fits: the plan of smallest peak (over budget) in the whole plan space, found once per
-    graph when proven, not once per budget."""
-    key = ("cpsat_smallest_peak",)
-    known = graph.memo.get(key)
+    graph, not once per budget (again only for a call with more than twice the time, when not proven)."""
+    from .checkmate import known_smallest_peak, remember_smallest_peak
+
+    time_limit = max(1.0, time_limit)
+    known = known_smallest_peak(graph, "cpsat_smallest_peak", time_limit)
     if known is None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SolverTimeLimitWarning)
-            known = solve_cpsat(graph, None, time_limit=max(1.0, time_limit), copies=None, threads=threads)
-        if known.info.get("status") == "optimal":
-            graph.memo[key] = known
+            known = solve_cpsat(graph, None, time_limit=time_limit, copies=None, threads=threads)
+        remember_smallest_peak(graph, "cpsat_smallest_peak", known, time_limit)
     plan = copy_module.copy(known)
     plan.info = {**known.info, "status": f"infeasible at {budget_bytes} bytes; smallest peak shown"}
     return plan
