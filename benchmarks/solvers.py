@@ -12,6 +12,9 @@ overhead of the hierarchical planner's and the hybrid's plans of the same graph 
 Both exact solvers plan the same space (frontier-advancing plans; CP-SAT with at most two
 recomputations per node unless it has to grow it) and their plans are checked by the simulator.
 HiGHS runs with its default threads, CP-SAT with eight workers, on the same cores.
+
+Then ``auto``'s exact step on graphs of at most 100 ops, before this change and now, and the
+planning time of ``remat sweep``'s defaults on the tiny U-Net.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import warnings
 
 from common import GPT2_8LAYER, git_revision, gpt2, log, machine_facts, md_header, process_setup, HERE
 
+AUTO_LIMIT = 30.0
+DEFAULT_SWEEP = ("hierarchical", "rotor", "chen_sqrt")
 CASES = (  # (label, builder, fractions)
     ("resnet18", ("resnet18", "small"), (0.9, 0.8, 0.7)),
     ("unet", ("unet", "small"), (0.9, 0.7, 0.5)),
@@ -83,6 +88,62 @@ def heuristic(plan, budget) -> str:
     return f"{100 * (plan.step_seconds / plan.graph.store_all_seconds - 1):+.2f}%"
 
 
+AUTO_CASES = (("cnn_bn", "small"), ("mlp", "small"), ("vgg11", "small"))
+AUTO_FRACTIONS = (0.7, 0.5)
+
+
+def auto_rows(limit: float) -> list[str]:
+    """``auto``'s exact step on graphs of at most 100 ops, before (the MILP with the whole time, then
+    the hierarchical planner when it is not proven) and now (CP-SAT with half the time, then the
+    MILP warm-started from its plan unless CP-SAT proved it, then hierarchical when neither did)."""
+    from remat.graph import forget_memos
+    from remat.solvers import solve
+    from remat.solvers.planner import _exact
+
+    rows = md_header(["graph", "nodes", "budget", "before: s", "before: overhead", "now: s", "now: overhead",
+                      "now: solvers run"])
+    for spec in AUTO_CASES:
+        graph, store = graph_of(spec)
+        for frac in AUTO_FRACTIONS:
+            budget = int(store.peak_bytes * frac)
+            forget_memos()
+
+            def before():
+                plans = [solve("checkmate", graph, budget, time_limit=limit)]
+                if plans[0].info.get("status") != "optimal" or plans[0].peak_bytes > budget:
+                    plans.append(solve("hierarchical", graph, budget, time_limit=limit))
+                return plans
+
+            def now():
+                names, plans = _exact(graph, budget, limit, {})
+                if not any(p is not None and p.peak_bytes <= budget and p.info.get("status") == "optimal" for p in plans):
+                    names.append("hierarchical")
+                    plans.append(solve("hierarchical", graph, budget, time_limit=limit))
+                return names, plans
+
+            old, t_old, _ = timed(before)
+            forget_memos()
+            (names, new), t_new, _ = timed(now)
+            cell = []
+            for plans in (old, new):
+                fitting = [p for p in plans if p is not None and p.peak_bytes <= budget]
+                cell.append(f"{100 * min(p.overhead for p in fitting):+.2f}%" if fitting else "no plan fits")
+            rows.append(f"| {spec[0]} | {len(graph.nodes)} | {frac:.0%} | {t_old:.1f} | {cell[0]} | {t_new:.1f} | "
+                        f"{cell[1]} | {', '.join(names)} |")
+            log(rows[-1])
+    return rows
+
+
+def sweep_row() -> list[str]:
+    """``remat sweep``'s default solvers and budgets on the zoo's tiny U-Net, no time limit given."""
+    from remat.tools.pareto import pareto_of_graph
+
+    graph, _ = graph_of(("unet", "tiny"))
+    _, took, err = timed(lambda: pareto_of_graph(graph, cache=False))
+    return [f"`remat sweep`'s default solvers ({', '.join(DEFAULT_SWEEP)}) and ten budgets on the tiny U-Net's "
+            f"{len(graph.nodes)}-op graph, no time limit given: **{took:.1f} s** of planning{' (' + err + ')' if err else ''}."]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--time-limit", type=float, default=60.0)
@@ -121,6 +182,10 @@ def main() -> None:
         *rows,
         "",
     ]
+    if not a.quick:
+        out += ["## auto on graphs of at most 100 ops", "",
+                f"Time limit {AUTO_LIMIT:.0f} s (auto's). Overhead: the cheapest plan that fits among those run.", "",
+                *auto_rows(AUTO_LIMIT), "", "## A sweep of a branchy graph", "", *sweep_row(), ""]
     (HERE / "solvers.md").write_text("\n".join(out))
     print("\n".join(out))
 

@@ -141,8 +141,8 @@ def test_rotor_refuses_a_graph_that_is_one_big_block():
     g = _long_skip()
     with pytest.raises(SolverError, match="mostly one block: 11 of its 13 ops.*checkmate"):
         solve("rotor", g, 10**6)
-    plan = solve("hierarchical", g, 10**6)  # falls back to the MILP
-    assert "checkmate" in plan.info["fallback"] and plan.fits()
+    plan = solve("hierarchical", g, 10**6)  # falls back to the exact solvers
+    assert "no block structure" in plan.info["fallback"] and plan.fits()
 
 
 def test_a_budget_below_every_plan_names_the_minimum_when_a_solver_does_not_apply():
