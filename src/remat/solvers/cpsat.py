@@ -116,126 +116,157 @@ def _gcd_of(numbers) -> int:
 
 def build_model(graph: Graph, budget_bytes: int | None, *, copies: int = DEFAULT_COPIES) -> Model:
     """The CP-SAT model of ``graph`` under ``budget_bytes`` (``None``: the capacity is a variable)."""
-    from ortools.sat.python import cp_model
-
-    values, nodes, users = graph.values, graph.nodes, graph.users
-    n, num_forward = len(nodes), len(graph.forward_nodes)
-    variable, pinned = value_roles(graph)
-    horizon, need = horizons(graph, variable, set(range(num_forward)))
-    windows = recompute_windows(graph, pinned, horizon)
-    line = Timeline.of(graph, windows)
-    end_of_step = line.length - 1
-    backward_outputs = set(graph.backward_outputs)
-    cp = cp_model.CpModel()
-
-    rng_bytes = int(graph.meta.get("rng_state_bytes", 0))
-    sizes = [values[v].bytes for v in range(len(values))] + [nd.workspace for nd in nodes] + [rng_bytes]
-    unit = _gcd_of(sizes)
-    largest_cost = max((nd.cost for nd in nodes), default=0.0) or 1.0
-    cost_units = {i: int(round(nodes[i].cost / largest_cost * COST_UNITS)) for i in range(num_forward)}
-
-    intervals, demands = [], []
-
-    def hold(first: int, last: int, nbytes: int) -> None:
-        """A fixed interval [first, last] of positions holding nbytes."""
-        if nbytes and first <= last:
-            intervals.append(cp.new_fixed_size_interval_var(first, last - first + 1, ""))
-            demands.append(nbytes // unit)
-
-    # ---- computations: copy 0 fixed, copies 1.. optional
-    present: dict[tuple[int, int], object] = {}
-    start: dict[tuple[int, int], object] = {}
-    for i in range(num_forward):
-        positions = [line.index[(t, i)] for t in windows[i]]
-        for d in range(1, copies if positions else 1):
-            present[(i, d)] = cp.new_bool_var(f"p{i}_{d}")
-            start[(i, d)] = cp.new_int_var_from_domain(cp_model.Domain.from_values(positions), f"s{i}_{d}")
-            if d > 1:
-                cp.add_implication(present[(i, d)], present[(i, d - 1)])
-                cp.add(start[(i, d)] > start[(i, d - 1)]).only_enforce_if(present[(i, d)])
-            if nodes[i].workspace:
-                intervals.append(cp.new_optional_fixed_size_interval_var(start[(i, d)], 1, present[(i, d)], ""))
-                demands.append(nodes[i].workspace // unit)
-    for node in nodes:
-        hold(line.own(node.id), line.own(node.id), node.workspace)
-    # a random node computed again keeps its generator state from its first run to its last replay
-    for i in range(num_forward):
-        if nodes[i].random and rng_bytes and (i, 1) in present:
-            last = cp.new_int_var(line.own(i), end_of_step, f"rng{i}")
-            for d in range(1, copies):
-                if (i, d) in present:
-                    cp.add(last >= start[(i, d)]).only_enforce_if(present[(i, d)])
-            size = cp.new_int_var(1, end_of_step + 1, "")
-            intervals.append(cp.new_optional_interval_var(line.own(i), size, last + 1, present[(i, 1)], ""))
-            demands.append(rng_bytes // unit)
-
-    # ---- residency of each copy of each forward value
-    end: dict[tuple[int, int], object] = {}
-    for i in range(num_forward):
-        for v in nodes[i].outputs:
-            # a value is read up to stage need[v]; a recomputed copy may be made as late as horizon[i]
-            reach = end_of_step if v not in variable else line.last_of_stage(max(need[v], horizon[i]))
-            if v in pinned:  # the first copy is the user's (or the step's result): to the end
-                hold(line.own(i), end_of_step, values[v].bytes)
-            else:
-                end[(v, 0)] = cp.new_int_var(line.own(i), reach, f"e{v}_0")
-                intervals.append(cp.new_interval_var(line.own(i), end[(v, 0)] - line.own(i) + 1, end[(v, 0)] + 1, ""))
-                demands.append(values[v].bytes // unit)
-            for d in range(1, copies):
-                if (i, d) not in present:
-                    break
-                end[(v, d)] = cp.new_int_var(0, reach, f"e{v}_{d}")
-                size = cp.new_int_var(1, reach + 1, "")  # start + size = end + 1: resident from its computation
-                intervals.append(cp.new_optional_interval_var(start[(i, d)], size, end[(v, d)] + 1, present[(i, d)], ""))
-                demands.append(values[v].bytes // unit)
-    # ---- what the plan does not choose: backward values and tangents
-    for node in graph.backward_nodes:
-        for v in node.outputs:
-            last = n - 1 if v in backward_outputs else max(users[v], default=node.id)
-            hold(line.own(node.id), line.last_of_stage(last), values[v].bytes)
-    if num_forward < n:
-        first_backward = line.index[(num_forward, line.stages[num_forward][0])]
-        for v in graph.tangents:
-            if v in backward_outputs:
-                last = n - 1
-            else:
-                last = max(users[v], default=num_forward)  # an unread tangent goes after the first backward op
-            hold(first_backward, line.last_of_stage(last), values[v].bytes)
-
-    # ---- every computation reads the newest copy of each input made before it
-    for j in range(n):
-        readings = [(None, line.own(j))]  # (presence literal or None when certain, position)
-        readings += [(present[(j, d)], start[(j, d)]) for d in range(1, copies) if (j, d) in present]
-        for v in dict.fromkeys(nodes[j].inputs):
-            i = values[v].producer
-            if i is None or i >= num_forward or values[v].kind != ACTIVATION:
-                continue
-            made = [0] + [d for d in range(1, copies) if (i, d) in present]
-            if len(made) == 1 and (v, 0) not in end:
-                continue  # only the user's copy: resident throughout
-            for occurring, r in readings:
-                started = [True] + [_started(cp, present[(i, d)], start[(i, d)], r) for d in made[1:]]
-                for d in made[2:]:
-                    if started[d] is not None and started[d - 1] is not True and started[d - 1] is not None:
-                        cp.add_implication(started[d], started[d - 1])
-                for d in made:
-                    if (v, d) not in end or started[d] is None:
-                        continue  # the user's copy needs nothing; a copy not made by r serves nothing
-                    enforce = [] if occurring is None else [occurring]
-                    if started[d] is not True:
-                        enforce.append(started[d])
-                    if d + 1 < len(made) and started[d + 1] is not None:
-                        enforce.append(started[d + 1].negated())
-                    cp.add(end[(v, d)] >= r).only_enforce_if(enforce)
-
+    b = _Builder(graph, copies)
+    b.computations()
+    b.generator_states()
+    b.residency()
+    b.fixed_lifetimes()
+    b.newest_copy_reads()
     if budget_bytes is None:
-        capacity = cp.new_int_var(0, sum(demands), "capacity")
+        capacity = b.cp.new_int_var(0, sum(b.demands), "capacity")
     else:
-        capacity = budget_bytes // unit
-    cp.add_cumulative(intervals, demands, capacity)
-    model = Model(cp, line, present, start, end, capacity, unit, cost_units, copies)
-    model.info = {"intervals": len(intervals), "positions": line.length, "copies": copies, "memory unit bytes": unit}
+        capacity = budget_bytes // b.unit
+    b.cp.add_cumulative(b.intervals, b.demands, capacity)
+    model = Model(b.cp, b.line, b.present, b.start, b.end, capacity, b.unit, b.cost_units, copies)
+    model.info = {"intervals": len(b.intervals), "positions": b.line.length, "copies": copies, "memory unit bytes": b.unit}
     return model
+
+
+class _Builder:
+    """Builds :func:`build_model`'s variables and constraints, one kind per method."""
+
+    def __init__(self, graph: Graph, copies: int):
+        from ortools.sat.python import cp_model
+
+        self.graph, self.copies, self.cp_model = graph, copies, cp_model
+        self.cp = cp_model.CpModel()
+        nodes, values = graph.nodes, graph.values
+        self.num_forward = len(graph.forward_nodes)
+        self.variable, self.pinned = value_roles(graph)
+        self.horizon, self.need = horizons(graph, self.variable, set(range(self.num_forward)))
+        self.windows = recompute_windows(graph, self.pinned, self.horizon)
+        self.line = Timeline.of(graph, self.windows)
+        self.end_of_step = self.line.length - 1
+        self.rng_bytes = int(graph.meta.get("rng_state_bytes", 0))
+        sizes = [v.bytes for v in values] + [nd.workspace for nd in nodes] + [self.rng_bytes]
+        self.unit = _gcd_of(sizes)  # every demand a whole number of units: exact
+        largest_cost = max((nd.cost for nd in nodes), default=0.0) or 1.0
+        self.cost_units = {i: int(round(nodes[i].cost / largest_cost * COST_UNITS)) for i in range(self.num_forward)}
+        self.intervals: list = []
+        self.demands: list[int] = []
+        self.present: dict[tuple[int, int], object] = {}
+        self.start: dict[tuple[int, int], object] = {}
+        self.end: dict[tuple[int, int], object] = {}
+
+    def demand(self, interval, nbytes: int) -> None:
+        self.intervals.append(interval)
+        self.demands.append(nbytes // self.unit)
+
+    def hold(self, first: int, last: int, nbytes: int) -> None:
+        """A fixed interval [first, last] of positions holding ``nbytes``."""
+        if nbytes and first <= last:
+            self.demand(self.cp.new_fixed_size_interval_var(first, last - first + 1, ""), nbytes)
+
+    def computations(self) -> None:
+        """Copy 0 of each node at its own position; copies 1.. optional, ordered, in its window; workspaces."""
+        cp, line, nodes = self.cp, self.line, self.graph.nodes
+        for i in range(self.num_forward):
+            positions = [line.index[(t, i)] for t in self.windows[i]]
+            for d in range(1, self.copies if positions else 1):
+                self.present[(i, d)] = cp.new_bool_var(f"p{i}_{d}")
+                self.start[(i, d)] = cp.new_int_var_from_domain(self.cp_model.Domain.from_values(positions), f"s{i}_{d}")
+                if d > 1:
+                    cp.add_implication(self.present[(i, d)], self.present[(i, d - 1)])
+                    cp.add(self.start[(i, d)] > self.start[(i, d - 1)]).only_enforce_if(self.present[(i, d)])
+                if nodes[i].workspace:
+                    self.demand(cp.new_optional_fixed_size_interval_var(self.start[(i, d)], 1, self.present[(i, d)], ""),
+                                nodes[i].workspace)
+        for node in nodes:
+            self.hold(line.own(node.id), line.own(node.id), node.workspace)
+
+    def generator_states(self) -> None:
+        """A random node computed again keeps its generator state from its first run to its last replay."""
+        cp, line = self.cp, self.line
+        for i in range(self.num_forward):
+            if not (self.graph.nodes[i].random and self.rng_bytes and (i, 1) in self.present):
+                continue
+            last = cp.new_int_var(line.own(i), self.end_of_step, f"rng{i}")
+            for d in range(1, self.copies):
+                if (i, d) in self.present:
+                    cp.add(last >= self.start[(i, d)]).only_enforce_if(self.present[(i, d)])
+            size = cp.new_int_var(1, self.end_of_step + 1, "")
+            self.demand(cp.new_optional_interval_var(line.own(i), size, last + 1, self.present[(i, 1)], ""),
+                        self.rng_bytes)
+
+    def residency(self) -> None:
+        """A retention interval ``[start, end]`` per copy of each forward value (the user's copy of a
+        held output: fixed, to the end of the step)."""
+        cp, line, values = self.cp, self.line, self.graph.values
+        for i in range(self.num_forward):
+            for v in self.graph.nodes[i].outputs:
+                # a value is read up to stage need[v]; a recomputed copy may be made as late as horizon[i]
+                reach = (self.end_of_step if v not in self.variable
+                         else line.last_of_stage(max(self.need[v], self.horizon[i])))
+                own = line.own(i)
+                if v in self.pinned:
+                    self.hold(own, self.end_of_step, values[v].bytes)
+                else:
+                    self.end[(v, 0)] = end = cp.new_int_var(own, reach, f"e{v}_0")
+                    self.demand(cp.new_interval_var(own, end - own + 1, end + 1, ""), values[v].bytes)
+                for d in range(1, self.copies):
+                    if (i, d) not in self.present:
+                        break
+                    self.end[(v, d)] = end = cp.new_int_var(0, reach, f"e{v}_{d}")
+                    size = cp.new_int_var(1, reach + 1, "")  # start + size = end + 1: resident from its computation
+                    self.demand(cp.new_optional_interval_var(self.start[(i, d)], size, end + 1, self.present[(i, d)], ""),
+                                values[v].bytes)
+
+    def fixed_lifetimes(self) -> None:
+        """What no plan changes: backward values to their last reader (gradients to the end), tangents
+        from the boundary to their last reader."""
+        graph, line = self.graph, self.line
+        n, users, values = len(graph.nodes), graph.users, graph.values
+        backward_outputs = set(graph.backward_outputs)
+        for node in graph.backward_nodes:
+            for v in node.outputs:
+                last = n - 1 if v in backward_outputs else max(users[v], default=node.id)
+                self.hold(line.own(node.id), line.last_of_stage(last), values[v].bytes)
+        if self.num_forward < n:
+            first_backward = line.index[(self.num_forward, line.stages[self.num_forward][0])]
+            for v in graph.tangents:
+                # an unread tangent goes after the first backward op
+                last = n - 1 if v in backward_outputs else max(users[v], default=self.num_forward)
+                self.hold(first_backward, line.last_of_stage(last), values[v].bytes)
+
+    def newest_copy_reads(self) -> None:
+        """Every computation reads the newest copy of each input made before it: that copy's
+        interval reaches the reader (``started(d) ∧ ¬started(d+1) ⇒ end[v,d] ≥ r``)."""
+        cp, graph = self.cp, self.graph
+        values, nodes = graph.values, graph.nodes
+        for j in range(len(nodes)):
+            readings = [(None, self.line.own(j))]  # (presence literal, or None when certain; position)
+            readings += [(self.present[(j, d)], self.start[(j, d)]) for d in range(1, self.copies) if (j, d) in self.present]
+            for v in dict.fromkeys(nodes[j].inputs):
+                i = values[v].producer
+                if i is None or i >= self.num_forward or values[v].kind != ACTIVATION:
+                    continue
+                made = [0] + [d for d in range(1, self.copies) if (i, d) in self.present]
+                if len(made) == 1 and (v, 0) not in self.end:
+                    continue  # only the user's copy: resident throughout
+                for occurring, r in readings:
+                    started = [True] + [_started(cp, self.present[(i, d)], self.start[(i, d)], r) for d in made[1:]]
+                    for d in made[2:]:
+                        if started[d] is not None and started[d - 1] is not None:
+                            cp.add_implication(started[d], started[d - 1])
+                    for d in made:
+                        if (v, d) not in self.end or started[d] is None:
+                            continue  # the user's copy needs nothing; a copy not made by r serves nothing
+                        enforce = [] if occurring is None else [occurring]
+                        if started[d] is not True:
+                            enforce.append(started[d])
+                        if d + 1 < len(made) and started[d + 1] is not None:
+                            enforce.append(started[d + 1].negated())
+                        cp.add(self.end[(v, d)] >= r).only_enforce_if(enforce)
 
 
 def _started(cp, present, start, r):
