@@ -114,8 +114,10 @@ def test_cpsat_plans_train_like_eager_and_peak_as_predicted(name):
     lowest = remat.plan(ex.model, *ex.args, **ex.kwargs, solver="checkpoint_all", cost_model="unit").peak_bytes
     budget = (graph_peak + lowest) // 2
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SolverTimeLimitWarning)  # unit costs tie everywhere: the proof is slow
-        module = optimized(ex, solver="cpsat", budget=budget, cost_model="unit", time_limit=5)
+        # on GPT-2's coarse graph the coarse model misses the budget: the smallest peak of its whole plan
+        # space is searched, and expanded it fits; unit costs tie everywhere, so the proofs are slow
+        warnings.simplefilter("ignore", SolverTimeLimitWarning)
+        module = optimized(ex, solver="cpsat", budget=budget, cost_model="unit", time_limit=15)
     assert module.plan.peak_bytes <= budget and module.plan.solver == "cpsat"
     got = run_step(ex, module, steps=2)
     assert_close(got, eager)

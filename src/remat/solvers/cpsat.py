@@ -388,6 +388,11 @@ def solve_cpsat(
         return _smallest_peak(graph, budget_bytes, limit, threads)
     most = most_copies(graph)
     copies = most if copies is None or budget_bytes is None else min(copies, most)
+    candidates = _warm_candidates(graph, budget_bytes, warm_plans, baselines)
+    line = Timeline.of(graph, _windows(graph))
+    warm, stages = next(((p, st) for p in candidates if (st := recomputations(p, line)) is not None), (None, None))
+    if stages:  # room for the warm start's recomputations, so that the search starts from a plan
+        copies = max(copies, min(most, 1 + max(len(ts) for ts in stages.values())))
     model = build_model(graph, budget_bytes, copies=copies)
     cp = model.cp
     if budget_bytes is None:
@@ -395,20 +400,10 @@ def solve_cpsat(
     else:
         cp.minimize(sum(model.cost_units[i] * lit for (i, _), lit in model.present.items()))
     info = {"model": dict(model.info), "setup seconds": 0.0}
-    warm = None
-    from .checkmate import warm_start_plans
-
-    if budget_bytes is None:
-        candidates = sorted(warm_start_plans(graph, 0), key=lambda p: (p.peak_bytes, p.compute_seconds))
+    if warm is not None and hint(model, stages):
+        info["warm start"] = f"{warm.solver} ({warm.overhead * 100:+.1f}%)"
     else:
-        plans = (warm_start_plans(graph, budget_bytes) if baselines else []) + list(warm_plans)
-        candidates = sorted((p for p in plans if p.peak_bytes <= budget_bytes), key=lambda p: p.compute_seconds)
-    for plan in candidates:
-        stages = recomputations(plan, model.line)
-        if stages is not None and hint(model, stages):
-            warm = plan
-            info["warm start"] = f"{plan.solver} ({plan.overhead * 100:+.1f}%)"
-            break
+        warm = None
     info["setup seconds"] = round(time.perf_counter() - began, 3)
     solver = _solver(limit - (time.perf_counter() - began), threads)
     status = solver.solve(cp)
@@ -424,10 +419,16 @@ def solve_cpsat(
     if status == cp_model.INFEASIBLE and budget_bytes is not None:
         return _smallest_peak(graph, budget_bytes, left, threads)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        if warm is not None:
-            warm = copy_module.copy(warm)
-            warm.info = {**warm.info, **info, "status": f"cpsat found nothing better in {limit:.0f} s ({status_name})"}
-            return warm
+        if budget_bytes is not None and copies > DEFAULT_COPIES and grow_copies and not candidates:
+            # fewer copies were proven infeasible, and the time ran out with more
+            return _baselines_smallest(graph, budget_bytes, f"none with fewer recomputations per node, none found with "
+                                       f"up to {copies - 1} within {limit:.0f} s", info)
+        fallback = warm or (candidates[0] if candidates else None)  # the best plan there is
+        if fallback is not None:
+            fallback = copy_module.copy(fallback)
+            fallback.info = {**fallback.info, **info,
+                             "status": f"cpsat found nothing better in {limit:.0f} s ({status_name})"}
+            return fallback
         raise SolverError(
             f"cpsat found no plan for {graph.name!r} within {limit:.0f} s ({status_name}); raise time_limit, "
             "or use solver='checkmate_lp' or a coarser graph"
@@ -464,15 +465,30 @@ def _gap(objective: float, bound: float) -> float:
     return 0.0 if objective <= 0 else max(0.0, (objective - bound) / objective)
 
 
+def _windows(graph: Graph) -> list[range]:
+    """Each forward node's recomputation window (memoised per graph)."""
+    def windows() -> list[range]:
+        variable, pinned = value_roles(graph)
+        horizon, _ = horizons(graph, variable, set(range(len(graph.forward_nodes))))
+        return recompute_windows(graph, pinned, horizon)
+
+    return graph.memo.cached(("cpsat_windows",), windows)
+
+
 def most_copies(graph: Graph) -> int:
     """Computations of one node beyond which the plan space cannot grow: its first, plus one per
     stage of the longest recomputation window (then the space is the MILP's)."""
-    def count() -> int:
-        variable, pinned = value_roles(graph)
-        horizon, _ = horizons(graph, variable, set(range(len(graph.forward_nodes))))
-        return 1 + max((len(w) for w in recompute_windows(graph, pinned, horizon)), default=0)
+    return 1 + max((len(w) for w in _windows(graph)), default=0)
 
-    return graph.memo.cached(("cpsat_most_copies",), count)
+
+def _warm_candidates(graph: Graph, budget_bytes: int | None, warm_plans, baselines: bool) -> list[Plan]:
+    """Plans to start from, best first: the cheapest that fit (``None``: the smallest peaks)."""
+    from .checkmate import warm_start_plans
+
+    if budget_bytes is None:
+        return sorted(warm_start_plans(graph, 0), key=lambda p: (p.peak_bytes, p.compute_seconds))
+    plans = (warm_start_plans(graph, budget_bytes) if baselines else []) + list(warm_plans)
+    return sorted((p for p in plans if p.peak_bytes <= budget_bytes), key=lambda p: p.compute_seconds)
 
 
 def _smallest_peak(graph: Graph, budget_bytes: int, time_limit: float, threads) -> Plan:
