@@ -372,6 +372,7 @@ def solve_cpsat(
     baselines: bool = True,
     quiet: bool = False,
     grow_copies: bool = True,
+    _grown: bool = False,
 ) -> Plan:
     """The cheapest plan of ``graph`` under ``budget_bytes`` with at most ``copies - 1``
     recomputations per node (proven optimal unless ``plan.info['status']`` says otherwise);
@@ -415,11 +416,12 @@ def solve_cpsat(
     if status == cp_model.INFEASIBLE and budget_bytes is not None and copies < most and left > 0:
         # more recomputations per node may fit: the plan space grows until it is the MILP's
         return solve_cpsat(graph, budget_bytes, time_limit=left, copies=min(most, 2 * copies), threads=threads,
-                           warm_plans=warm_plans, baselines=baselines, quiet=quiet, grow_copies=grow_copies)
+                           warm_plans=warm_plans, baselines=baselines, quiet=quiet, grow_copies=grow_copies,
+                           _grown=True)
     if status == cp_model.INFEASIBLE and budget_bytes is not None:
         return _smallest_peak(graph, budget_bytes, left, threads)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        if budget_bytes is not None and copies > DEFAULT_COPIES and grow_copies and not candidates:
+        if _grown and not candidates:
             # fewer copies were proven infeasible, and the time ran out with more
             return _baselines_smallest(graph, budget_bytes, f"none with fewer recomputations per node, none found with "
                                        f"up to {copies - 1} within {limit:.0f} s", info)
