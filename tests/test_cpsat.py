@@ -106,7 +106,7 @@ def test_at_its_time_limit_cpsat_returns_its_best_plan_with_the_gap_and_says_so(
     assert plan.info["status"] == "time limit" and 0 < plan.info["gap"] <= 1
 
 
-@pytest.mark.parametrize("name", ["resnet", "gpt2"])
+@pytest.mark.parametrize("name", ["resnet"])  # GPT-2's coarse graph: 15 s of search, 8 workers beside the other tests
 def test_cpsat_plans_train_like_eager_and_peak_as_predicted(name):
     eager, store = reference(name)
     ex = fresh(name)
@@ -186,3 +186,17 @@ def test_a_time_budget_bounds_every_solve_inside_it_together():
     assert took < 4.0 + 3.0, f"{took:.1f} s for a 4 s budget"  # slack: warm starts, model building
     for name in ("checkmate", "cpsat"):
         assert all(p is not None and p.peak_bytes <= b for p, b in zip(front[name], front.budgets))
+
+
+def test_when_the_coarse_model_misses_the_budget_and_time_runs_out_a_plan_still_comes_back():
+    """GPT-2's coarse graph at this budget: two recomputations per op are proven too few, and with
+    more CP-SAT finds nothing in a second; the baselines' smallest plan comes back, and expanded to
+    the op graph it fits."""
+    ex = fresh("gpt2")
+    store = remat.plan(ex.model, *ex.args, **ex.kwargs, solver="store_all", cost_model="unit")
+    graph = store.graph
+    budget = (store.peak_bytes + solve("checkpoint_all", graph, None).peak_bytes) // 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SolverTimeLimitWarning)
+        plan = solve("cpsat", graph, budget, time_limit=1, threads=2)
+    assert "coarsened" in plan.info and plan.peak_bytes <= budget
