@@ -262,16 +262,24 @@ def solve_milp(
         objective_seconds=hinfo.objective_function_value * f.cost_scale + f.constant_cost if minimising_cost else None,
     )
     plan = _plan_from(graph, f, R_on, solver="checkmate", info=info)
+    return finish_exact(plan, budget_bytes, optimal=optimal, quiet=quiet, limit=time_limit or DEFAULT_TIME_LIMIT,
+                        gap=info["gap"], detail=f" (HiGHS: {status_name})")
+
+
+def finish_exact(plan: Plan, budget_bytes: int | None, *, optimal: bool, quiet: bool, limit: float, gap, detail="") -> Plan:
+    """An exact solver's last word on its decoded plan: a :class:`SolverTimeLimitWarning` when it is
+    not proven optimal (unless ``quiet``), and an internal error when it peaks over the budget (the
+    models are conservative: that would be a bug)."""
     if not optimal and not quiet:
         warnings.warn(
-            f"checkmate stopped at its time limit ({time_limit or DEFAULT_TIME_LIMIT:.0f} s) on {graph.name!r}: "
-            f"returning its best plan, within {100 * (info['gap'] or 0):.2f}% of optimal (HiGHS: {status_name})",
+            f"{plan.solver} stopped at its time limit ({limit:.0f} s) on {plan.graph.name!r}: "
+            f"returning its best plan, within {100 * (gap or 0):.2f}% of optimal{detail}",
             SolverTimeLimitWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
     if budget_bytes is not None and plan.peak_bytes > budget_bytes:
-        raise SolverError(  # the model is conservative; this would be a bug
-            f"internal error: checkmate's plan peaks at {plan.peak_bytes} bytes over its budget {budget_bytes}"
+        raise SolverError(
+            f"internal error: {plan.solver}'s plan peaks at {plan.peak_bytes} bytes over its budget {budget_bytes}"
         )
     return plan
 

@@ -441,16 +441,9 @@ def solve_cpsat(
     info.update(status="optimal" if optimal else "time limit", gap=0.0 if optimal else _gap(objective, bound),
                 objective_units=objective, bound_units=bound)
     plan.info.update(info)
-    if not optimal and not quiet:
-        warnings.warn(
-            f"cpsat stopped at its time limit ({limit:.0f} s) on {graph.name!r}: returning its best plan, "
-            f"within {100 * info['gap']:.2f}% of optimal",
-            SolverTimeLimitWarning,
-            stacklevel=3,
-        )
-    if budget_bytes is not None and plan.peak_bytes > budget_bytes:
-        raise SolverError(f"internal error: cpsat's plan peaks at {plan.peak_bytes} bytes over its budget {budget_bytes}")
-    return plan
+    from .checkmate import finish_exact
+
+    return finish_exact(plan, budget_bytes, optimal=optimal, quiet=quiet, limit=limit, gap=info["gap"])
 
 
 def _baselines_smallest(graph: Graph, budget_bytes: int, why: str, info=None) -> Plan:
