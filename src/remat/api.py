@@ -262,6 +262,7 @@ def optimize(
     inductor_options: dict | None = None,
     calibrate: bool = True,
     compile_kwargs: dict | None = None,
+    split="auto",
     **example_kwargs,
 ) -> RematModule:
     """Plan ``model``'s training step for ``budget`` and return a module that runs the plan.
@@ -286,6 +287,9 @@ def optimize(
     shape or dtype; :class:`~remat.errors.InvalidPlanError` if it peaks above a given budget).
     ``buckets``: edges of the size buckets once the step is captured with dynamic sizes (a second
     input shape; default: powers of two and their midpoints); each bucket is planned at its edge.
+    ``split``: ``"auto"`` (the default) splits the ops that set the peak (the LM head and its loss)
+    into chunks of rows when no plan fits the budget otherwise (see :mod:`remat.capture.split`);
+    ``"off"`` never; an int splits them into that many chunks.
 
     ``compiler``: ``"eager"`` (the default) runs the plan as unfused ATen ops, exactly as planned
     (bitwise gradients, every solver, offloading included); ``"inductor"`` has Inductor compile the
@@ -311,7 +315,7 @@ def optimize(
         cost_model = INDUCTOR_COST_MODEL if compiler == "inductor" else DEFAULT_COST_MODEL
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
                    time_limit=time_limit, solver_options=solver_options or {}, cache=cache, offload_dir=offload_dir,
-                   plan=plan, buckets=buckets)
+                   plan=plan, buckets=buckets, split=split)
     wrapped = RematModule(model, options, compiler=compiler, mode=mode, inductor_options=inductor_options,
                           compile_kwargs=compile_kwargs)
     with training_step_mode():
@@ -395,12 +399,14 @@ def plan(
     time_limit: float | None = None,
     solver_options: dict | None = None,
     cache: bool = True,
+    split="auto",
     **example_kwargs,
 ) -> Plan:
-    """Capture and plan ``model``'s training step without running it (``cache``: as in :func:`optimize`)."""
+    """Capture and plan ``model``'s training step without running it (``cache`` and ``split``: as in
+    :func:`optimize`)."""
     plan, _capture = capture_and_plan(
         model, *example_args, budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
-        time_limit=time_limit, solver_options=solver_options, cache=cache, **example_kwargs,
+        time_limit=time_limit, solver_options=solver_options, cache=cache, split=split, **example_kwargs,
     )
     return plan
 
@@ -467,7 +473,8 @@ def plan_lengths(model, *example_args, lengths: tuple[int, int], dim: int = 1, b
 
 
 def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_model=DEFAULT_COST_MODEL, workspace="measure",
-                     time_limit=None, solver_options=None, cache=True, **example_kwargs) -> tuple[Plan, Capture]:
+                     time_limit=None, solver_options=None, cache=True, split="auto",
+                     **example_kwargs) -> tuple[Plan, Capture]:
     """Like :func:`plan`, also returning the :class:`~remat.capture.Capture`."""
     result: list = []
 
@@ -476,7 +483,7 @@ def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_mode
         raise PlanReady()
 
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
-                   time_limit=time_limit, solver_options=solver_options or {}, on_plan=stop, cache=cache)
+                   time_limit=time_limit, solver_options=solver_options or {}, on_plan=stop, cache=cache, split=split)
     _warn_if_not_training(model)
     _capture_until_planned(model, options, example_args, example_kwargs)
     if not result:

@@ -19,17 +19,18 @@ import torch
 from torch._dynamo import register_backend
 from torch._dynamo.backends.common import aot_autograd
 
-from .budget import is_fraction
+from .budget import bytes_to_fraction, fixed_bytes, is_fraction, is_min
 from .capture import capture_joint, joint_device
 from .capture.shapes import is_dynamic
+from .capture.split import find_sites, split_joint
 from .cost import make_cost_fn, make_workspace_fn
-from .errors import RematError, through_dynamo
+from .errors import InfeasibleBudgetError, RematError, through_dynamo
 from .execute.buckets import BucketedStep, dispatching_graphs
 from .execute.lowering import lower
 from .execute.runtime import boxed
 from .execute.transfer import make_transfer_meta
 from .solvers.cache import plan_with_cache
-from .solvers.planner import given_plan, resolve
+from .solvers.planner import given_plan, resolve, store_all_plan
 from .solvers.warm import warm_plan
 from .solvers.options import BUDGET_ENV, OPTION_NAMES, SOLVER_ENV, BackendOptions
 
@@ -70,7 +71,7 @@ def make_partition_fn(opts: BackendOptions):
             return _bucketed(joint, num_fwd_outputs, capture, plan, opts, capture_id)
         started = time.perf_counter()
         captured = capture(joint, num_fwd_outputs)
-        planned = plan(captured.graph, opts.budget)
+        captured, planned = _plan_with_splits(joint, num_fwd_outputs, captured, capture, plan, opts)
         planned.info["capture"] = capture_id
         if opts.on_plan is not None:
             opts.on_plan(planned, captured)
@@ -80,6 +81,62 @@ def make_partition_fn(opts: BackendOptions):
         return graphs
 
     return partition_fn
+
+
+SPLIT_FACTORS = (2, 4, 8, 16, 32)  # the chunk counts split="auto" tries, fewest first
+MIN_GAIN = 0.02  # budget="min": a larger split factor must lower the peak by this fraction to be tried further
+
+
+def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts: BackendOptions):
+    """``(capture, plan)`` for the step, its ops split into row chunks where that is needed
+    (:mod:`remat.capture.split`).
+
+    ``split="auto"``: the step as captured, unless no plan fits the budget; then the split sites
+    with 2, 4, 8, ... chunks, and the first that fits (fewest chunks: the fewest extra launches).
+    With ``budget="min"``, more chunks while each lowers the smallest peak by ``MIN_GAIN``. An
+    int: that many chunks. A fraction is of the unsplit step's store-all peak, and
+    :class:`InfeasibleBudgetError` names the smallest budget over every split tried."""
+    if opts.plan is not None or opts.split == "off" or opts.split == 1:
+        return captured, plan(captured.graph, opts.budget)
+    budget = opts.budget
+    if is_fraction(budget):
+        budget = resolve(captured.graph, budget)
+
+    def with_chunks(k, budget):
+        chunked = capture(split_joint(joint, num_fwd_outputs, sites, k), num_fwd_outputs)
+        planned = plan(chunked.graph, budget)
+        planned.info["split"] = {"chunks": k, "sites": [site.describe() for site in sites]}
+        return chunked, planned
+
+    if isinstance(opts.split, int):
+        sites = find_sites(joint, num_fwd_outputs)
+        return with_chunks(opts.split, budget) if sites else (captured, plan(captured.graph, budget))
+    if is_min(budget):
+        best = (captured, plan(captured.graph, budget))
+        sites = find_sites(joint, num_fwd_outputs)
+        for k in SPLIT_FACTORS if sites else ():
+            candidate = with_chunks(k, budget)
+            if candidate[1].peak_bytes > best[1].peak_bytes * (1 - MIN_GAIN):
+                break
+            best = candidate
+        return best
+    try:
+        return captured, plan(captured.graph, budget)
+    except InfeasibleBudgetError as refused:
+        sites = find_sites(joint, num_fwd_outputs)
+        if not sites:
+            raise
+        least = refused.min_budget_bytes
+        for k in SPLIT_FACTORS:
+            try:
+                return with_chunks(k, refused.budget_bytes)
+            except InfeasibleBudgetError as err:
+                least = min(least, err.min_budget_bytes)
+        store, fixed = store_all_plan(captured.graph).peak_bytes, fixed_bytes(captured.graph)
+        raise InfeasibleBudgetError(
+            refused.budget_bytes, least, f"with its largest ops split into up to {SPLIT_FACTORS[-1]} chunks",
+            solver=refused.solver, budget_fraction=opts.budget if is_fraction(opts.budget) else None,
+            min_budget_fraction=bytes_to_fraction(least, store, fixed)) from None
 
 
 def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions, capture_id: int):

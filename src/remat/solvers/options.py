@@ -18,7 +18,7 @@ from ..budget import parse_budget_text
 from ..cost import DEFAULT_COST_MODEL
 
 OPTION_NAMES = ("budget", "solver", "cost_model", "workspace", "time_limit", "solver_options", "on_plan", "cache",
-                "offload_dir", "plan", "buckets", "on_run", "on_step")
+                "offload_dir", "plan", "buckets", "on_run", "on_step", "split")
 
 
 BUDGET_ENV = "REMAT_BUDGET"
@@ -51,6 +51,14 @@ class BackendOptions:
     buckets: Any = None  # edges of the size buckets of a dynamic capture (None: powers of two and midpoints)
     on_run: Callable | None = None  # a dynamic capture: called with the plan of each step's bucket
     on_step: Callable | None = None  # a dynamic capture: called with its remat.execute.buckets.BucketedStep
+    split: Any = "auto"  # split the ops that set the peak into chunks: "auto" (where the budget needs it), "off", or k
+
+    def __post_init__(self):
+        if self.split is False or self.split is None:
+            self.split = "off"
+        if not (self.split in ("auto", "off") or (isinstance(self.split, int) and not isinstance(self.split, bool)
+                                                  and self.split >= 1)):
+            raise ValueError(f"split must be 'auto', 'off' or a number of chunks (an int >= 1), not {self.split!r}")
 
     @classmethod
     def from_dict(cls, options: dict | None, environ: Mapping[str, str] | None = None) -> "BackendOptions":

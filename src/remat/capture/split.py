@@ -1,0 +1,405 @@
+"""Split the ops that set the peak into chunks of rows: a rewrite of the joint graph.
+
+Below the largest op's working set no keep, recompute or offload plan exists: the LM head's
+``[tokens, vocab]`` logits, their log-softmax and its gradient are each one value, whole. A
+*split site* is a connected set of ops that are independent over the same ``N`` rows (the
+tokens); rewritten into ``k`` chunks, each large value of the site exists one chunk of rows at a
+time, and the planner may free and recompute a chunk like any other value::
+
+    sites = find_sites(joint, num_fwd_outputs)          # where splitting helps
+    chunked = split_joint(joint, sites, k=4)            # a joint graph, planned like any other
+
+:func:`find_sites` grows each site from a seed (an op whose output is among the step's largest
+values) across every edge that carries a large split value, using the rules of
+:mod:`remat.capture.split_rules`; edges carrying small values (the hidden states, a weight, the
+loss) are where the site reads its inputs and combines its outputs. A site's forward ops and its
+backward ops are two *segments*; each runs chunk after chunk (chunk 1's ops, then chunk 2's, ...)
+where the original ran the segment's first op. Inputs split by rows are sliced (views: no
+memory); outputs split by rows are concatenated when the segment ends; ``sum`` outputs are added
+up chunk by chunk (a weight's gradient: ``addmm`` into the running total); ``mean`` divides the
+summed losses by the summed weights. Graphs with symbolic sizes are not split.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from .split_rules import MEAN, SUM, WHOLE, Split, State, rows, rule_for, val
+
+aten = torch.ops.aten
+
+# a value counts as large for a site when it holds at least this fraction of the site's seed
+LARGE_FRACTION = 0.25
+# seeds: values holding at least this fraction of the step's largest value
+SEED_FRACTION = 0.25
+
+
+@dataclass
+class Site:
+    """Ops of one joint graph that split over the same ``rows``. ``states`` holds the state of
+    every value the site makes (op nodes and ``getitem`` nodes), ``splits`` each op's rule result,
+    ``largest`` the bytes of the largest value the site keeps to one chunk at a time."""
+
+    rows: int
+    seed: fx.Node
+    states: dict[fx.Node, State] = field(default_factory=dict)
+    splits: dict[fx.Node, Split] = field(default_factory=dict)
+    largest: int = 0
+
+    def describe(self) -> str:
+        ops = [str(n.target).split(".")[1] for n in self.splits if not _is_view_like(n)]
+        return f"{len(ops)} ops over {self.rows} rows ({', '.join(dict.fromkeys(ops))})"
+
+
+def _nbytes(node) -> int:
+    v = val(node)
+    if isinstance(v, torch.Tensor):
+        return v.numel() * v.element_size()
+    return 0
+
+
+def _is_view_like(node: fx.Node) -> bool:
+    return isinstance(node.target, torch._ops.OpOverload) and (node.target.is_view or node.target in (
+        aten.detach.default, aten.alias.default))
+
+
+def _rows_state(node, count: int) -> State:
+    """How a value from outside a site enters it: by rows when its leading dims (mergeable into one)
+    multiply to ``count``; else whole."""
+    v = val(node)
+    product = 1
+    for lead, size in enumerate(v.shape, start=1):
+        product *= int(size)
+        if product == count:
+            strides, sizes = v.stride(), v.shape
+            if all(strides[i] == strides[i + 1] * sizes[i + 1] for i in range(lead - 1)):
+                return rows(lead)
+            return WHOLE
+        if product > count:
+            break
+    return WHOLE
+
+
+def _forward_nodes(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
+    (output,) = joint.graph.find_nodes(op="output")
+    stack = [n for n in list(output.args[0])[:num_fwd_outputs] if isinstance(n, fx.Node)]
+    stack += [n.args[1] for n in joint.graph.find_nodes(op="call_function", target=aten.copy_.default)
+              if isinstance(n.args[1], fx.Node)]
+    seen: set[fx.Node] = set()
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+    # every output of a forward op is made in the forward (a loss's total weight only the backward reads)
+    return seen | {u for n in seen for u in n.users if u.target is operator.getitem}
+
+
+class _Grower:
+    """Grows one site from its seed (see the module docstring)."""
+
+    def __init__(self, seed: fx.Node, count: int, forward: set[fx.Node], taken: set[fx.Node]):
+        self.site = Site(rows=count, seed=seed)
+        self.large = _nbytes(seed) * LARGE_FRACTION
+        self.forward, self.taken = forward, taken
+
+    def _seen(self, value: fx.Node, state: State, consumer: fx.Node) -> State:
+        """The state in which ``consumer`` reads the site's ``value``: a sum or mean is combined when
+        its segment ends, so a later segment reads it whole."""
+        if state.kind in ("sum", "mean") and (value in self.forward) != (consumer in self.forward):
+            return WHOLE
+        return state
+
+    def state_of(self, consumer: fx.Node):
+        def state(arg):
+            if not isinstance(arg, fx.Node) or not isinstance(val(arg), torch.Tensor):
+                return None
+            s = self.site.states.get(arg)
+            return _rows_state(arg, self.site.rows) if s is None else self._seen(arg, s, consumer)
+        return state
+
+    def try_add(self, node: fx.Node) -> bool:
+        if node in self.site.splits or node in self.taken or rule_for(node) is None:
+            return False
+        split = rule_for(node)(node, self.state_of(node))
+        if split is None:
+            return False
+        outs = self._output_states(node, split)
+        if outs is None:
+            return False
+        # a value the site already reads from outside must keep the state it was read in
+        for out, state in outs.items():
+            for user in out.users:
+                if user in self.site.splits and self._seen(out, state, user) != _rows_state(out, self.site.rows):
+                    return False
+        self.site.splits[node] = split
+        self.site.states.update(outs)
+        return True
+
+    @staticmethod
+    def _output_states(node: fx.Node, split: Split) -> dict[fx.Node, State] | None:
+        if isinstance(val(node), torch.Tensor):
+            return {node: split.outputs[0]}
+        outs = {}
+        for user in node.users:
+            if user.target is not operator.getitem:
+                return None
+            outs[user] = split.outputs[user.args[1]]
+        return outs
+
+    def grow(self) -> Site | None:
+        if not self.try_add(self.seed_node):
+            return None
+        changed = True
+        while changed:
+            changed = False
+            for value, state in list(self.site.states.items()):
+                if state.split and _nbytes(value) >= self.large:
+                    for user in list(value.users):
+                        if user.target is not operator.getitem:
+                            changed |= self.try_add(user)
+            for op in list(self.site.splits):
+                for arg in op.all_input_nodes:
+                    if arg in self.site.states or _nbytes(arg) < self.large:
+                        continue
+                    if not self.state_of(op)(arg).split:
+                        continue
+                    producer = arg.args[0] if arg.target is operator.getitem else arg
+                    changed |= self.try_add(producer)
+        internal = [v for v, s in self.site.states.items() if s.split and _nbytes(v) >= self.large
+                    and all(u in self.site.states or u in self.site.splits for u in v.users)]
+        if not internal or not all(_convex(seg) for seg in _segments(self.site, self.forward)):
+            return None
+        self.site.largest = max(_nbytes(v) for v in internal)
+        return self.site
+
+    @property
+    def seed_node(self) -> fx.Node:
+        return self.site.seed
+
+
+def _segments(site: Site, forward: set[fx.Node]) -> list[list[fx.Node]]:
+    """The site's forward nodes and its backward nodes (ops and getitems), each in graph order."""
+    order = {n: i for i, n in enumerate(site.seed.graph.nodes)}
+    nodes = sorted(set(site.splits) | set(site.states), key=order.__getitem__)
+    fwd = [n for n in nodes if n in forward]
+    bwd = [n for n in nodes if n not in forward]
+    return [seg for seg in (fwd, bwd) if seg]
+
+
+def _convex(segment: list[fx.Node]) -> bool:
+    """No path leaves the segment and comes back into it (else it cannot run as one block)."""
+    inside = set(segment)
+    stack = [u for n in segment for u in n.users if u not in inside]
+    seen: set[fx.Node] = set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for u in n.users:
+            if u in inside:
+                return False
+            stack.append(u)
+    return True
+
+
+def find_sites(joint: fx.GraphModule, num_fwd_outputs: int) -> list[Site]:
+    """The split sites of a joint graph, largest first: one grown from each op whose output holds at
+    least ``SEED_FRACTION`` of the step's largest value and is not in an earlier site."""
+    forward = _forward_nodes(joint, num_fwd_outputs)
+    ops = [n for n in joint.graph.nodes if n.op == "call_function" and isinstance(val(n), torch.Tensor)
+           and val(n).dim() >= 2 and not _is_view_like(n)]
+    if not ops or any(not isinstance(s, int) for n in ops for s in val(n).shape):
+        return []  # symbolic sizes: not split
+    biggest = max(_nbytes(n) for n in ops)
+    sites: list[Site] = []
+    taken: set[fx.Node] = set()
+    for seed in sorted(ops, key=_nbytes, reverse=True):
+        if _nbytes(seed) < biggest * SEED_FRACTION:
+            break
+        if seed in taken:
+            continue
+        count = math.prod(int(x) for x in val(seed).shape[:-1])
+        if count < 2:
+            continue
+        site = _Grower(seed, count, forward, taken).grow()
+        if site is not None:
+            sites.append(site)
+            taken.update(site.states)
+    return sites
+
+
+def split_joint(joint: fx.GraphModule, num_fwd_outputs: int, sites: list[Site], k: int) -> fx.GraphModule:
+    """A copy of ``joint`` with every site run in ``k`` chunks of rows (fewer when a site has fewer rows)."""
+    return _Rewriter(joint, num_fwd_outputs, sites, k).run()
+
+
+class _Rewriter:
+    def __init__(self, joint: fx.GraphModule, num_fwd_outputs: int, sites: list[Site], k: int):
+        self.joint, self.sites, self.k = joint, sites, k
+        self.forward = _forward_nodes(joint, num_fwd_outputs)
+        self.graph = fx.Graph()
+        self.env: dict[fx.Node, fx.Node] = {}  # original node -> its whole value in the new graph
+        self.chunks: dict[fx.Node, list[fx.Node]] = {}  # split value -> its chunks
+        self.slices: dict[tuple[fx.Node, int, int], fx.Node] = {}
+        placeholders = [val(n) for n in joint.graph.find_nodes(op="placeholder")]
+        self.fake_mode = torch._guards.detect_fake_mode(placeholders)
+
+    # -- emitting ------------------------------------------------------------------------------
+    def _call(self, target, args, kwargs=None, meta_from: fx.Node | None = None) -> fx.Node:
+        node = self.graph.call_function(target, tuple(args), dict(kwargs or {}))
+        if meta_from is not None:
+            node.meta = {k: v for k, v in meta_from.meta.items() if k != "val"}
+        fake_args, fake_kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta["val"])
+        with self.fake_mode:
+            node.meta["val"] = target(*fake_args, **fake_kwargs)
+        return node
+
+    def _bounds(self, site: Site) -> list[tuple[int, int]]:
+        k = max(1, min(self.k, site.rows))
+        return [(c * site.rows // k, (c + 1) * site.rows // k) for c in range(k)]
+
+    def _input_chunk(self, site: Site, arg: fx.Node, consumer: fx.Node, c: int, bounds) -> fx.Node:
+        """A tensor argument of ``consumer``'s chunk ``c``."""
+        state = site.states.get(arg)
+        if state is not None and state.split:
+            return self.chunks[arg][c]
+        if state is not None or not isinstance(val(arg), torch.Tensor):
+            return self.env[arg]  # a combined sum, or a size
+        state = _rows_state(arg, site.rows)
+        if not state.split:
+            return self.env[arg]
+        key = (arg, site.rows, c)
+        if key not in self.slices:
+            base = self.env[arg]
+            if state.lead > 1:
+                base = self._call(aten.view.default, (base, [site.rows, *val(arg).shape[state.lead:]]))
+            start, end = bounds[c]
+            self.slices[key] = self._call(aten.slice.Tensor, (base, 0, start, end))
+        return self.slices[key]
+
+    def _segment(self, site: Site, segment: list[fx.Node]) -> None:
+        bounds = self._bounds(site)
+        totals: dict[fx.Node, fx.Node] = {}  # sum/mean value -> its running total
+        for c, (start, end) in enumerate(bounds):
+            for node in segment:
+                if node.target is operator.getitem:
+                    chunk = self._call(operator.getitem, (self.chunks[node.args[0]][c], node.args[1]), meta_from=node)
+                    self._record(site, node, chunk, c, totals)
+                    continue
+                split = site.splits[node]
+                args, kwargs = fx.node.map_arg((node.args, node.kwargs),
+                                               lambda a: self._input_chunk(site, a, node, c, bounds))
+                if split.args is not None:
+                    args, kwargs = split.args(args, kwargs, end - start)
+                if split.addmm and c > 0:
+                    chunk = self._call(aten.addmm.default, (totals[node], *args), meta_from=node)
+                    totals[node] = chunk
+                    self.chunks.setdefault(node, []).append(chunk)
+                    continue
+                chunk = self._call(node.target, args, kwargs, meta_from=node)
+                if isinstance(val(node), torch.Tensor):
+                    self._record(site, node, chunk, c, totals)
+                else:
+                    self.chunks.setdefault(node, []).append(chunk)
+        self._combine(site, segment, totals)
+
+    def _record(self, site: Site, node: fx.Node, chunk: fx.Node, c: int, totals: dict) -> None:
+        self.chunks.setdefault(node, []).append(chunk)
+        if site.states[node].kind in ("sum", "mean"):
+            previous = totals.get(node)
+            totals[node] = chunk if previous is None else self._call(aten.add.Tensor, (previous, chunk), meta_from=node)
+
+    def _total_weight(self, site: Site, op: fx.Node, totals: dict) -> fx.Node:
+        """The summed total weight of a split ``nll_loss_forward`` (its output 1)."""
+        for user in op.users:
+            if user.target is operator.getitem and user.args[1] == 1 and user in totals:
+                return totals[user]
+        total = None
+        for chunk in self.chunks[op]:
+            weight = self._call(operator.getitem, (chunk, 1))
+            total = weight if total is None else self._call(aten.add.Tensor, (total, weight))
+        return total
+
+    def _combine(self, site: Site, segment: list[fx.Node], totals: dict) -> None:
+        """The whole value of each of the segment's values that anything outside it reads."""
+        for node in segment:
+            state = site.states.get(node)
+            if state is None or (node.target is not operator.getitem and not isinstance(val(node), torch.Tensor)):
+                continue
+            if state.split:
+                if all(u in site.states or u in site.splits for u in node.users):
+                    continue
+                dim = 0 if state.kind == "rows" else 1
+                whole = self._call(aten.cat.default, (self.chunks[node], dim), meta_from=node)
+            elif state == SUM:
+                whole = totals[node]
+            else:  # mean: the summed losses over the summed total weights
+                weight = self._total_weight(site, node.args[0], totals)
+                whole = self._call(aten.div.Tensor, (totals[node], weight), meta_from=node)
+            shape = list(val(node).shape)
+            if list(val(whole).shape) != shape:
+                whole = self._call(aten.view.default, (whole, shape), meta_from=node)
+            self.env[node] = whole
+
+    # -- order ------------------------------------------------------------------------------------
+    def _units(self) -> tuple[dict, dict]:
+        """Each original node's unit: itself, or ``(site index, segment index)`` for a site's node."""
+        unit_of: dict[fx.Node, object] = {n: n for n in self.joint.graph.nodes}
+        members: dict[object, list[fx.Node]] = {}
+        for s, site in enumerate(self.sites):
+            for g, segment in enumerate(_segments(site, self.forward)):
+                for n in segment:
+                    unit_of[n] = (s, g)
+                members[(s, g)] = segment
+        return unit_of, members
+
+    def run(self) -> fx.GraphModule:
+        nodes = list(self.joint.graph.nodes)
+        index = {n: i for i, n in enumerate(nodes)}
+        unit_of, members = self._units()
+        first = {}
+        for n in nodes:
+            first.setdefault(unit_of[n], index[n])
+        needs: dict[object, set] = {u: set() for u in first}
+        for n in nodes:
+            for a in n.all_input_nodes:
+                if unit_of[a] != unit_of[n]:
+                    needs[unit_of[n]].add(unit_of[a])
+        users: dict[object, list] = {u: [] for u in first}
+        for u, deps in needs.items():
+            for d in deps:
+                users[d].append(u)
+        waiting = {u: len(deps) for u, deps in needs.items()}
+        ready = [(first[u], i, u) for i, u in enumerate(first) if waiting[u] == 0]
+        heapq.heapify(ready)
+        tie = len(first)
+        output_node = None
+        while ready:
+            _, _, unit = heapq.heappop(ready)
+            if isinstance(unit, tuple):
+                site = self.sites[unit[0]]
+                self._segment(site, members[unit])
+            elif unit.op == "output":
+                output_node = unit
+            else:
+                self.env[unit] = self.graph.node_copy(unit, lambda a: self.env[a])
+            for u in users[unit]:
+                waiting[u] -= 1
+                if waiting[u] == 0:
+                    tie += 1
+                    heapq.heappush(ready, (first[u], tie, u))
+        assert output_node is not None and all(w == 0 for w in waiting.values())
+        out = self.graph.output(fx.node.map_arg(output_node.args[0], lambda a: self.env[a]))
+        out.meta = dict(output_node.meta)
+        return fx.GraphModule(self.joint, self.graph)
+
+
+__all__ = ["Site", "find_sites", "split_joint"]
