@@ -29,6 +29,7 @@ from .cost import DEFAULT_COST_MODEL, INDUCTOR_COST_MODEL
 from .errors import CaptureError, NotTrainingWarning, RematError
 from . import inductor
 from .plan import Plan
+from .solvers.options import checked_split
 
 
 _NO_TRAINING_GRAPH = (
@@ -311,6 +312,7 @@ def optimize(
             NotTrainingWarning, stacklevel=2,
         )
     check_materialized(model, example_args, example_kwargs)
+    split = checked_split(split)
     if cost_model is None:
         cost_model = INDUCTOR_COST_MODEL if compiler == "inductor" else DEFAULT_COST_MODEL
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
@@ -483,7 +485,8 @@ def capture_and_plan(model, *example_args, budget=None, solver="auto", cost_mode
         raise PlanReady()
 
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
-                   time_limit=time_limit, solver_options=solver_options or {}, on_plan=stop, cache=cache, split=split)
+                   time_limit=time_limit, solver_options=solver_options or {}, on_plan=stop, cache=cache,
+                   split=checked_split(split))
     _warn_if_not_training(model)
     _capture_until_planned(model, options, example_args, example_kwargs)
     if not result:

@@ -30,7 +30,7 @@ from .execute.lowering import lower
 from .execute.runtime import boxed
 from .execute.transfer import make_transfer_meta
 from .solvers.cache import plan_with_cache
-from .solvers.planner import given_plan, resolve, store_all_plan
+from .solvers.planner import given_plan, quick_minimum, resolve, store_all_plan
 from .solvers.warm import warm_plan
 from .solvers.options import BUDGET_ENV, OPTION_NAMES, SOLVER_ENV, BackendOptions
 
@@ -91,30 +91,37 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     """``(capture, plan)`` for the step, its ops split into row chunks where that is needed
     (:mod:`remat.capture.split`).
 
-    ``split="auto"``: the step as captured, unless no plan fits the budget; then the split sites
-    with 2, 4, 8, ... chunks, and the first that fits (fewest chunks: the fewest extra launches).
-    With ``budget="min"``, more chunks while each lowers the smallest peak by ``MIN_GAIN``. An
-    int: that many chunks. A fraction is of the unsplit step's store-all peak, and
-    :class:`InfeasibleBudgetError` names the smallest budget over every split tried."""
-    if opts.plan is not None or opts.split == "off" or opts.split == 1:
+    ``split="auto"`` (with ``solver="auto"``; a named solver plans the step as captured): the step as
+    captured, unless no plan fits the budget; then the split sites with 2, 4, 8, ... chunks, and the
+    first that fits (fewest chunks: the fewest extra launches). With ``budget="min"``, more chunks
+    while each lowers the smallest peak by ``MIN_GAIN``. An int: that many chunks, whatever the
+    solver. A fraction is of the unsplit step's store-all peak, and :class:`InfeasibleBudgetError`
+    names the smallest budget over every split tried."""
+    split = opts.split
+    if opts.plan is not None or split in ("off", 1) or (split == "auto" and opts.solver != "auto"):
         return captured, plan(captured.graph, opts.budget)
-    budget = opts.budget
-    if is_fraction(budget):
-        budget = resolve(captured.graph, budget)
+    sites = find_sites(joint, num_fwd_outputs)
+    if not sites:
+        return captured, plan(captured.graph, opts.budget)
+
+    captures: dict = {}
+
+    def chunked(k):
+        if k not in captures:
+            captures[k] = capture(split_joint(joint, num_fwd_outputs, sites, k), num_fwd_outputs)
+        return captures[k]
 
     def with_chunks(k, budget):
-        chunked = capture(split_joint(joint, num_fwd_outputs, sites, k), num_fwd_outputs)
-        planned = plan(chunked.graph, budget)
+        planned = plan(chunked(k).graph, budget)
         planned.info["split"] = {"chunks": k, "sites": [site.describe() for site in sites]}
-        return chunked, planned
+        return chunked(k), planned
 
-    if isinstance(opts.split, int):
-        sites = find_sites(joint, num_fwd_outputs)
-        return with_chunks(opts.split, budget) if sites else (captured, plan(captured.graph, budget))
+    budget = opts.budget
+    if isinstance(split, int):  # a fraction of the unsplit step's peak
+        return with_chunks(split, resolve(captured.graph, budget) if is_fraction(budget) else budget)
     if is_min(budget):
         best = (captured, plan(captured.graph, budget))
-        sites = find_sites(joint, num_fwd_outputs)
-        for k in SPLIT_FACTORS if sites else ():
+        for k in SPLIT_FACTORS:
             candidate = with_chunks(k, budget)
             if candidate[1].peak_bytes > best[1].peak_bytes * (1 - MIN_GAIN):
                 break
@@ -123,10 +130,11 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     try:
         return captured, plan(captured.graph, budget)
     except InfeasibleBudgetError as refused:
-        sites = find_sites(joint, num_fwd_outputs)
-        if not sites:
-            raise
         least = refused.min_budget_bytes
+        # first the fewest chunks a quick plan fits (seconds); only if none does, a full search per factor
+        for k in SPLIT_FACTORS:
+            if quick_minimum(chunked(k).graph) <= refused.budget_bytes:
+                return with_chunks(k, refused.budget_bytes)
         for k in SPLIT_FACTORS:
             try:
                 return with_chunks(k, refused.budget_bytes)
@@ -135,7 +143,7 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
         store, fixed = store_all_plan(captured.graph).peak_bytes, fixed_bytes(captured.graph)
         raise InfeasibleBudgetError(
             refused.budget_bytes, least, f"with its largest ops split into up to {SPLIT_FACTORS[-1]} chunks",
-            solver=refused.solver, budget_fraction=opts.budget if is_fraction(opts.budget) else None,
+            solver=refused.solver, budget_fraction=refused.budget_fraction,
             min_budget_fraction=bytes_to_fraction(least, store, fixed)) from None
 
 

@@ -50,6 +50,7 @@ class Site:
     seed: fx.Node
     states: dict[fx.Node, State] = field(default_factory=dict)
     splits: dict[fx.Node, Split] = field(default_factory=dict)
+    reads: dict[tuple[fx.Node, fx.Node], State] = field(default_factory=dict)  # (op, outside value) -> as read
     largest: int = 0
 
     def describe(self) -> str:
@@ -116,18 +117,23 @@ class _Grower:
             return WHOLE
         return state
 
-    def state_of(self, consumer: fx.Node):
-        def state(arg):
+    def state_of(self, consumer: fx.Node, reads: dict):
+        """The state function a rule of ``consumer`` sees; the outside values it reads go to ``reads``."""
+        def state(arg, whole: bool = False):
             if not isinstance(arg, fx.Node) or not isinstance(val(arg), torch.Tensor):
                 return None
             s = self.site.states.get(arg)
-            return _rows_state(arg, self.site.rows) if s is None else self._seen(arg, s, consumer)
+            if s is not None:
+                return self._seen(arg, s, consumer)
+            reads[(consumer, arg)] = WHOLE if whole else _rows_state(arg, self.site.rows)
+            return reads[(consumer, arg)]
         return state
 
     def try_add(self, node: fx.Node) -> bool:
         if node in self.site.splits or node in self.taken or rule_for(node) is None:
             return False
-        split = rule_for(node)(node, self.state_of(node))
+        reads: dict = {}
+        split = rule_for(node)(node, self.state_of(node, reads))
         if split is None:
             return False
         outs = self._output_states(node, split)
@@ -136,10 +142,14 @@ class _Grower:
         # a value the site already reads from outside must keep the state it was read in
         for out, state in outs.items():
             for user in out.users:
-                if user in self.site.splits and self._seen(out, state, user) != _rows_state(out, self.site.rows):
+                if user in self.site.splits and self._seen(out, state, user) != self.site.reads.get((user, out)):
                     return False
         self.site.splits[node] = split
         self.site.states.update(outs)
+        self.site.reads.update(reads)
+        for out in outs:  # now made inside
+            for user in out.users:
+                self.site.reads.pop((user, out), None)
         return True
 
     @staticmethod
@@ -168,13 +178,17 @@ class _Grower:
                 for arg in op.all_input_nodes:
                     if arg in self.site.states or _nbytes(arg) < self.large:
                         continue
-                    if not self.state_of(op)(arg).split:
+                    if not self.site.reads[(op, arg)].split:
                         continue
                     producer = arg.args[0] if arg.target is operator.getitem else arg
                     changed |= self.try_add(producer)
+        inside = self.site.splits.keys() | self.site.states.keys()
         internal = [v for v, s in self.site.states.items() if s.split and _nbytes(v) >= self.large
-                    and all(u in self.site.states or u in self.site.splits for u in v.users)]
-        if not internal or not all(_convex(seg) for seg in _segments(self.site, self.forward)):
+                    and all(u in inside for u in v.users)]
+        # a large split value read outside would be concatenated whole again: no site then
+        exits_large = any(s.split and _nbytes(v) >= self.large and any(u not in inside for u in v.users)
+                          for v, s in self.site.states.items())
+        if not internal or exits_large or not all(_convex(seg) for seg in _segments(self.site, self.forward)):
             return None
         self.site.largest = max(_nbytes(v) for v in internal)
         return self.site
@@ -273,7 +287,7 @@ class _Rewriter:
             return self.chunks[arg][c]
         if state is not None or not isinstance(val(arg), torch.Tensor):
             return self.env[arg]  # a combined sum, or a size
-        state = _rows_state(arg, site.rows)
+        state = site.reads[(consumer, arg)]
         if not state.split:
             return self.env[arg]
         key = (arg, site.rows, c)

@@ -71,7 +71,10 @@ class Split:
     addmm: bool = False
 
 
-StateOf = Callable[[Any], State | None]  # a tensor argument's state; None for anything else
+# A tensor argument's state (None for anything else). A value from outside the site is read by rows
+# when its leading dims flatten to the rows, unless the rule asks for it ``whole`` (a weight whose
+# size happens to equal the number of rows is still a weight).
+StateOf = Callable[..., State | None]
 Rule = Callable[[fx.Node, StateOf], Split | None]
 
 
@@ -170,18 +173,18 @@ def _view(node, state_of):
 
 
 def _mm(node, state_of):
-    a, b = state_of(node.args[0]), state_of(node.args[1])
-    if a == rows(1) and b == WHOLE:
+    a = state_of(node.args[0])
+    if a == rows(1) and state_of(node.args[1], whole=True) == WHOLE:
         return Split((rows(1),))
-    if a == COLS and b == rows(1):  # contracts over the rows: a weight's gradient
+    if a == COLS and state_of(node.args[1]) == rows(1):  # contracts over the rows: a weight's gradient
         return Split((SUM,), addmm=True)
-    if a == WHOLE and b == COLS:
+    if state_of(node.args[1]) == COLS and state_of(node.args[0], whole=True) == WHOLE:
         return Split((COLS,))
     return None
 
 
 def _addmm(node, state_of):
-    bias, a, b = (state_of(x) for x in node.args[:3])
+    bias, a, b = state_of(node.args[0], whole=True), state_of(node.args[1]), state_of(node.args[2], whole=True)
     if bias == WHOLE and val(node.args[0]).dim() <= 1 and a == rows(1) and b == WHOLE:
         return Split((rows(1),))
     return None
@@ -215,7 +218,7 @@ def _nll_loss_forward(node, state_of):
     x, target, weight = node.args[0], node.args[1], node.args[2]
     if state_of(x) != rows(1) or state_of(target) != rows(1) or val(x).dim() != 2:
         return None
-    if weight is not None and state_of(weight) != WHOLE:
+    if weight is not None and state_of(weight, whole=True) != WHOLE:
         return None
     reduction = node.args[3]
     if reduction == 1:
@@ -229,11 +232,11 @@ def _nll_loss_backward(node, state_of):
     """``nll_loss_backward(grad, log_probs, target, weight, reduction, ignore_index, total_weight)``:
     row by row, given the whole step's total weight."""
     grad, x, target, weight, reduction, _ignore, total = node.args[:7]
-    if state_of(x) != rows(1) or state_of(target) != rows(1) or state_of(total) != WHOLE:
+    if state_of(x) != rows(1) or state_of(target) != rows(1) or state_of(total, whole=True) != WHOLE:
         return None
-    if weight is not None and state_of(weight) != WHOLE:
+    if weight is not None and state_of(weight, whole=True) != WHOLE:
         return None
-    if state_of(grad) != (rows(1) if reduction == 0 else WHOLE):
+    if state_of(grad, whole=reduction != 0) != (rows(1) if reduction == 0 else WHOLE):
         return None
     return Split((rows(1),))
 
@@ -243,7 +246,7 @@ def _layer_norm(node, state_of):
     s = state_of(node.args[0])
     if s is None or s.kind != "rows" or len(node.args[1]) > val(node.args[0]).dim() - s.lead:
         return None
-    if any(state_of(w) not in (None, WHOLE) for w in node.args[2:4] if w is not None):
+    if any(state_of(w, whole=True) not in (None, WHOLE) for w in node.args[2:4] if w is not None):
         return None
     return Split((s, s, s))
 
@@ -257,7 +260,7 @@ def _layer_norm_backward(node, state_of):
         return None
     if state_of(grad) != s or state_of(mean) != s or state_of(rstd) != s:
         return None
-    if any(state_of(w) != WHOLE for w in (weight, bias) if w is not None):
+    if any(state_of(w, whole=True) != WHOLE for w in (weight, bias) if w is not None):
         return None
     return Split((s, SUM, SUM))
 

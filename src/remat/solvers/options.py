@@ -54,11 +54,7 @@ class BackendOptions:
     split: Any = "auto"  # split the ops that set the peak into chunks: "auto" (where the budget needs it), "off", or k
 
     def __post_init__(self):
-        if self.split is False or self.split is None:
-            self.split = "off"
-        if not (self.split in ("auto", "off") or (isinstance(self.split, int) and not isinstance(self.split, bool)
-                                                  and self.split >= 1)):
-            raise ValueError(f"split must be 'auto', 'off' or a number of chunks (an int >= 1), not {self.split!r}")
+        self.split = checked_split(self.split)
 
     @classmethod
     def from_dict(cls, options: dict | None, environ: Mapping[str, str] | None = None) -> "BackendOptions":
@@ -74,4 +70,13 @@ class BackendOptions:
         return cls(**options)
 
 
-__all__ = ["BackendOptions", "OPTION_NAMES", "BUDGET_ENV", "SOLVER_ENV"]
+def checked_split(split):
+    """The ``split`` option checked: ``"auto"``, ``"off"`` (also False or None) or a number of chunks."""
+    if split is False or split is None:
+        return "off"
+    if split in ("auto", "off") or (isinstance(split, int) and not isinstance(split, bool) and split >= 1):
+        return split
+    raise ValueError(f"split must be 'auto', 'off' or a number of chunks (an int >= 1), not {split!r}")
+
+
+__all__ = ["BackendOptions", "checked_split", "OPTION_NAMES", "BUDGET_ENV", "SOLVER_ENV"]

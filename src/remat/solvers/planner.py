@@ -359,6 +359,18 @@ def _named(graph: Graph, budget_bytes, solver: str, time_limit, options, fractio
     raise _infeasible(graph, budget_bytes, smallest, solver, fraction, options)
 
 
+def quick_minimum(graph: Graph) -> int:
+    """The smallest peak of store_all and the quick planners (``QUICK_MINIMUM_SOLVERS``) on ``graph``: a
+    budget that surely plans, found in well under a second."""
+    plans = [store_all_plan(graph)]
+    for name in QUICK_MINIMUM_SOLVERS:
+        try:
+            plans.append(solver_minimum(graph, name))
+        except SolverError:
+            pass
+    return _smallest_of(plans).peak_bytes
+
+
 def _known_plans(graph: Graph, names) -> list[Plan]:
     """The smallest-peak plans remembered for ``graph`` from the solvers ``names``."""
     return [p for k, p in graph.memo.items() if k[0] == "smallest" and k[1] in names]
@@ -414,5 +426,5 @@ def _infeasible(graph: Graph, budget_bytes: int, smallest: Plan, solver: str, fr
     return _error(graph, budget_bytes, smallest, detail, solver, fraction)
 
 
-__all__ = ["make_plan", "given_plan", "resolve", "smallest_plan", "recomputation_plan", "uses_swaps", "solver_minimum", "store_all_plan", "auto_candidates",
+__all__ = ["make_plan", "given_plan", "resolve", "quick_minimum", "smallest_plan", "recomputation_plan", "uses_swaps", "solver_minimum", "store_all_plan", "auto_candidates",
            "auto_solvers", "clear_caches", "is_min"]

@@ -1,0 +1,131 @@
+"""Splitting the ops that set the peak into row chunks (remat.capture.split)."""
+
+from __future__ import annotations
+
+import collections
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import remat
+from remat.api import capture_and_plan
+from remat.errors import InfeasibleBudgetError
+from remat.measure import measure_step
+
+MiB = 2**20
+
+
+class RowsMLP(nn.Module):
+    """LayerNorm, linear, GELU, linear, cross-entropy: every op independent over the rows."""
+
+    def __init__(self, d=32, hidden=256, classes=512):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up = nn.Linear(d, hidden)
+        self.down = nn.Linear(hidden, classes)
+
+    def forward(self, x, target):
+        logits = self.down(F.gelu(self.up(self.norm(x))))
+        return F.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+
+def _gpt2(vocab, n_embd=32, batch=2, seq=64, seed=0):
+    from remat.models.hf import _finish_hf, _transformers
+
+    tf = _transformers()
+    torch.manual_seed(seed)
+    config = tf.GPT2Config(n_layer=1, n_embd=n_embd, n_head=2, vocab_size=vocab, n_positions=seq,
+                           bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config._attn_implementation = "eager"
+    model = _finish_hf(tf.GPT2LMHeadModel(config), "ForCausalLM", use_cache=False)
+    ids = torch.randint(0, vocab, (batch, seq))
+    return model, {"input_ids": ids, "labels": ids.clone()}
+
+
+def _grads(model, *args, **kwargs):
+    model.zero_grad(set_to_none=True)
+    loss = model(*args, **kwargs)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _close(a, b, rtol=1e-5, atol=1e-6):
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+
+
+def test_every_rule_of_an_mlp_with_cross_entropy_matches_the_unsplit_step():
+    torch.manual_seed(0)
+    model = RowsMLP()
+    x, target = torch.randn(4, 64, 32), torch.randint(0, 512, (4, 64))
+    eager_loss, eager = _grads(copy.deepcopy(model), x, target)
+    plan, cap = capture_and_plan(model, x, target, split=3, cache=False)  # 256 rows: chunks of 85, 85, 86
+    assert plan.info["split"]["chunks"] == 3
+    counts = collections.Counter(n.target._opname for n in cap.joint.graph.nodes
+                                 if isinstance(n.target, torch._ops.OpOverload))
+    for op in ("gelu", "gelu_backward", "_log_softmax", "_log_softmax_backward_data", "nll_loss_forward",
+               "nll_loss_backward"):  # each runs once per chunk
+        assert counts[op] == 3, (op, counts[op])
+    split = remat.optimize(copy.deepcopy(model), x, target, split=3, cache=False)
+    loss, grads = _grads(split, x, target)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=0)
+    _close(grads, eager)
+
+
+def test_gpt2s_lm_head_and_loss_split_like_eager_and_rows_bitwise_like_unsplit():
+    model, batch = _gpt2(vocab=4000)
+    eager_loss, eager = _grads(copy.deepcopy(model), **batch)
+    unsplit_loss, unsplit = _grads(remat.optimize(copy.deepcopy(model), **batch, split="off", cache=False), **batch)
+    wrapped = remat.optimize(copy.deepcopy(model), **batch, split=4, cache=False)
+    sites = wrapped.plan.info["split"]["sites"]
+    assert len(sites) == 1 and all(op in sites[0] for op in ("mm", "_log_softmax", "nll_loss_forward",
+                                                             "nll_loss_backward", "_log_softmax_backward_data"))
+    loss, grads = _grads(wrapped, **batch)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=0)  # chunk sums: another order
+    _close(grads, eager)
+    _close(grads, unsplit, rtol=1e-6, atol=1e-7)
+
+
+def test_auto_splits_where_the_budget_needs_it_and_the_step_measures_its_prediction():
+    model, batch = _gpt2(vocab=32000, n_embd=32, batch=2, seq=128)  # logits: 256 x 32000 fp32, 31 MiB
+    unsplit = remat.plan(model, **batch, budget="min", split="off", cache=False)
+    assert "split" not in unsplit.info
+    with pytest.raises(InfeasibleBudgetError) as refused:
+        remat.plan(model, **batch, budget=unsplit.peak_bytes // 2, split="off", cache=False)
+    assert refused.value.min_budget_bytes == unsplit.peak_bytes
+    budget = unsplit.peak_bytes // 2
+    eager_loss, eager = _grads(copy.deepcopy(model), **batch)
+    wrapped = remat.optimize(copy.deepcopy(model), **batch, budget=budget, cache=False)
+    plan = wrapped.plan
+    assert plan.info["split"]["chunks"] >= 2 and plan.peak_bytes <= budget
+    loss, grads = _grads(wrapped, **batch)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=0)
+    _close(grads, eager)
+    measured = measure_step(lambda: wrapped(**batch).backward(), setup=lambda: wrapped.zero_grad(set_to_none=True),
+                            warmup=1, repeats=1).peak_bytes
+    assert abs(measured - plan.peak_bytes) <= max(0.05 * plan.peak_bytes, 2 * MiB), (measured, plan.peak_bytes)
+    # a budget that fits without splitting is planned without; a named solver does not split unless told
+    assert "split" not in remat.plan(model, **batch, budget=unsplit.peak_bytes, cache=False).info
+    with pytest.raises(InfeasibleBudgetError):
+        remat.plan(model, **batch, budget=budget, solver="hierarchical", cache=False)
+
+
+def test_a_budget_below_every_split_names_the_smallest_over_the_splits():
+    model, batch = _gpt2(vocab=32000, n_embd=32, batch=2, seq=128)
+    unsplit = remat.plan(model, **batch, budget="min", split="off", cache=False)
+    with pytest.raises(InfeasibleBudgetError) as refused:  # below the gradients: refused at once, every split
+        remat.plan(model, **batch, budget=2 * MiB, cache=False)
+    floor = refused.value.min_budget_bytes
+    assert floor < 0.6 * unsplit.peak_bytes
+    assert "split into up to" in str(refused.value)
+    plan = remat.plan(model, **batch, budget=floor, cache=False, time_limit=5)  # the floor plans
+    assert plan.peak_bytes <= floor and plan.info["split"]["chunks"] >= 2
+
+
+def test_split_option_is_checked():
+    with pytest.raises(ValueError, match="split must be"):
+        remat.plan(RowsMLP(), torch.randn(2, 4, 32), torch.zeros(2, 4, dtype=torch.long), split="sometimes")
