@@ -30,6 +30,7 @@ from .execute.lowering import lower
 from .execute.runtime import boxed
 from .execute.transfer import make_transfer_meta
 from .solvers.cache import plan_with_cache
+from .simulate import peak_lower_bound
 from .solvers.planner import given_plan, quick_minimum, resolve, store_all_plan
 from .solvers.warm import warm_plan
 from .solvers.options import BUDGET_ENV, OPTION_NAMES, SOLVER_ENV, BackendOptions
@@ -131,11 +132,15 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
         return captured, plan(captured.graph, budget)
     except InfeasibleBudgetError as refused:
         least = refused.min_budget_bytes
-        # first the fewest chunks a quick plan fits (seconds); only if none does, a full search per factor
+        # first the fewest chunks a quick plan fits (seconds); only if none does, a full search per
+        # factor whose lower bound the budget reaches
         for k in SPLIT_FACTORS:
-            if quick_minimum(chunked(k).graph) <= refused.budget_bytes:
+            least = min(least, quick_minimum(chunked(k).graph))
+            if least <= refused.budget_bytes:
                 return with_chunks(k, refused.budget_bytes)
         for k in SPLIT_FACTORS:
+            if refused.budget_bytes < peak_lower_bound(chunked(k).graph):
+                continue
             try:
                 return with_chunks(k, refused.budget_bytes)
             except InfeasibleBudgetError as err:

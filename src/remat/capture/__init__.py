@@ -3,8 +3,9 @@
 Owns the contact with Dynamo and AOTAutograd's joint graph (:mod:`.joint`: the FX graph to a
 :class:`~remat.graph.Graph`, with exact bytes, aliases folded, random ops marked), running the
 step once without lasting effects (:mod:`.step`), turning Dynamo's failures into errors that name
-the user's line (:mod:`.errors`), and the checks of DDP/FSDP/accelerate wrapping (:mod:`.wrappers`).
-It builds; it never plans or lowers.
+the user's line (:mod:`.errors`), the checks of DDP/FSDP/accelerate wrapping (:mod:`.wrappers`),
+and the rewrite of the ops that set the peak into row chunks (:mod:`.split`, rules in
+:mod:`.split_rules`). It builds; it never plans or lowers.
 
 May import: ``remat.measure``, ``remat.graph``, ``remat.errors``.
 
