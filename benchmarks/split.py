@@ -10,8 +10,8 @@ Run: ``.venv/bin/python benchmarks/split.py [--quick]`` (writes ``benchmarks/spl
 2. **Step time at a budget both reach**: the unsplit plan at its smallest budget against the split
    plan at the same budget, measured in alternating rounds (ratio of medians per round).
 3. **The LM head and its loss alone** (linear 256 -> 32,000 over 2,048 rows, cross-entropy): measured
-   peak and step time of eager PyTorch, ``F.linear_cross_entropy`` with and without its chunked path
-   (torch 2.13), and remat's smallest split plan.
+   peak and step time of eager PyTorch, ``F.linear_cross_entropy``'s chunked path (torch 2.13),
+   ``torch.compile`` with and without Inductor's auto-chunker, and remat's split plans.
 4. **ResNet-18**: the split sites remat finds (BatchNorm's two-pass split is not built yet).
 """
 
@@ -73,13 +73,13 @@ def measured_rows(model, kwargs, runs):
             f"({chunks} chunks): measured {mib(peak)} MiB, predicted {mib(smallest.plan.peak_bytes)} MiB "
             f"({peak / smallest.plan.peak_bytes - 1:+.1%}).", ""]
     budget = unsplit.peak_bytes
-    plain = remat.optimize(copy.deepcopy(model), **kwargs, budget=budget, split="off", cache=False)
-    split = remat.optimize(copy.deepcopy(model), **kwargs, budget=budget, split=8, cache=False)
+    plain = remat.optimize(copy.deepcopy(model), **kwargs, budget=budget, solver="hierarchical", cache=False)
+    split = remat.optimize(copy.deepcopy(model), **kwargs, budget=budget, solver="hierarchical", split=8, cache=False)
     base, medians, ratios = time_against((plain, lambda: plain(**kwargs).backward()),
                                          {"split": (split, lambda: split(**kwargs).backward())}, rounds=5)
-    rows += [f"At the unsplit plan's smallest budget ({mib(budget)} MiB), both planned by `auto`: unsplit "
-             f"({plain.plan.solver}, predicted overhead {plain.plan.step_overhead:+.1%}) {base * 1e3:.0f} ms per step, "
-             f"split into 8 chunks ({split.plan.solver}, {split.plan.step_overhead:+.1%}) {medians['split'] * 1e3:.0f} ms: "
+    rows += [f"At the unsplit plan's smallest budget ({mib(budget)} MiB), both planned by `hierarchical` "
+             f"(recomputation only): unsplit (predicted overhead {plain.plan.step_overhead:+.1%}) {base * 1e3:.0f} ms "
+             f"per step, split into 8 chunks ({split.plan.step_overhead:+.1%}) {medians['split'] * 1e3:.0f} ms: "
              f"ratio **{ratios['split']:.3f}** (median of 5 alternating rounds).", ""]
     return rows
 
@@ -110,13 +110,34 @@ def head_rows(rows_n: int, hidden: int, vocab: int):
     variants = {"eager (linear + cross_entropy)": eager,
                 "F.linear_cross_entropy, chunked": copy.deepcopy(eager)}
     variants["F.linear_cross_entropy, chunked"].chunked = torch.nn.LinearCrossEntropyOptions()
-    plan = remat.plan(eager, x, target, budget="min", cache=False)
-    chunks = plan.info.get("split", {}).get("chunks", "off")
-    variants[f"remat, smallest budget ({chunks} chunks, {plan.solver})"] = remat.optimize(
-        copy.deepcopy(eager), x, target, budget=plan.peak_bytes, split=chunks, cache=False)
-    rows = md_header(["LM head + loss", "measured peak", "x eager", "step", "x eager"])
     steps = {k: (m, (lambda m=m: m(x, target).backward())) for k, m in variants.items()}
+    for label, options in (("torch.compile (Inductor)", {}),
+                           ("torch.compile, Inductor's auto-chunker", {"auto_chunker.enable": True})):
+        compiled = torch.compile(copy.deepcopy(eager), options=options)
+        steps[label] = (compiled, (lambda m=compiled: m(x, target).backward()))
     peaks = {k: measured_peak(m, s) for k, (m, s) in steps.items()}
+    chunked_peak = peaks["F.linear_cross_entropy, chunked"]
+    refused: list[str] = []
+    for label, options in ((f"remat auto at the chunked op's peak ({mib(chunked_peak)} MiB)", dict(budget=chunked_peak)),
+                           ("remat auto, smallest budget", dict(budget="min")),
+                           ("remat hierarchical (recompute only), 8 chunks, smallest budget",
+                            dict(budget="min", solver="hierarchical", split=8))):
+        try:
+            plan = remat.plan(eager, x, target, cache=False, **options)
+        except remat.InfeasibleBudgetError as err:
+            refused.append(f"{label}: no plan fits; remat's smallest budget for the head alone is "
+                           f"{mib(err.min_budget_bytes)} MiB (the head's weight gradient is accumulated out of "
+                           "place: the running total and the next one, 2 x 31.25 MiB, at each chunk's addmm).")
+            log(refused[-1])
+            continue
+        chunks = plan.info.get("split", {}).get("chunks", "off")
+        module = remat.optimize(copy.deepcopy(eager), x, target, budget=plan.peak_bytes, split=chunks,
+                                solver=plan.solver, cache=False)
+        key = f"{label}: {chunks} chunks, {plan.solver}"
+        steps[key] = (module, (lambda m=module: m(x, target).backward()))
+        peaks[key] = measured_peak(*steps[key])
+        log(f"{key}: predicted {mib(plan.peak_bytes)} MiB, measured {mib(peaks[key])} MiB")
+    rows = md_header(["LM head + loss", "measured peak", "x eager", "step", "x eager"])
     names = list(steps)
     base, medians, ratios = time_against(steps[names[0]], {k: steps[k] for k in names[1:]}, rounds=5)
     for k in names:
@@ -124,7 +145,7 @@ def head_rows(rows_n: int, hidden: int, vocab: int):
         r = 1.0 if k == names[0] else ratios[k]
         rows.append(f"| {k} | {mib(peaks[k])} MiB | {peaks[k] / peaks[names[0]]:.3f} | {t * 1e3:.0f} ms | {r:.3f} |")
         log(rows[-1])
-    return rows
+    return rows + ([""] + refused if refused else [])
 
 
 def resnet_rows():
@@ -150,12 +171,14 @@ def main():
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     log(f"GPT-2 {cfg}")
     rows, runs, store = smallest_budgets(model, kwargs)
+    measured = measured_rows(model, kwargs, runs)
+    log("\n".join(measured))
     out = ["# Splitting the ops that set the peak", "",
            f"`benchmarks/split.py {' '.join(sys.argv[1:])}` at {git_revision()}, {started}; {machine_facts()}.", "",
            f"## Smallest budget: GPT-2, {cfg['n_layer']} layers, width {cfg['n_embd']}, vocabulary {cfg['vocab']}, "
            f"{cfg['batch']} x {cfg['seq']} tokens", "",
            f"Predicted peaks (the simulator's; `profile` cost model). store_all peaks at {mib(store.peak_bytes)} MiB.", "",
-           *rows, *measured_rows(model, kwargs, runs),
+           *rows, *measured,
            "## The LM head and its loss alone", "",
            *head_rows(512 if a.quick else 2048, 256, 32000), "",
            "## ResNet-18", "", *resnet_rows(), ""]

@@ -117,6 +117,14 @@ def test_infeasible_budget_is_status_3_and_one_line_naming_the_minimum(capsys):
     assert least == info.value.min_budget_bytes
 
 
+def test_plan_splits_the_lm_head_into_the_chunks_asked_for(capsys):
+    code, out, err = run(capsys, "plan", "gpt2", "--size", "tiny", "--solver", "checkpoint_all", "--split", "4")
+    assert code == 0, err
+    assert "'chunks': 4" in out and "nll_loss_forward" in out
+    code, out, err = run(capsys, "plan", "gpt2", "--size", "tiny", "--split", "none")
+    assert code == 2 and "expected auto, off or a number of chunks" in err
+
+
 # ---------------------------------------------------------------------------- errors before any work
 
 

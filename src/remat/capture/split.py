@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from .split_rules import MEAN, SUM, WHOLE, Split, State, rows, rule_for, val
+from .split_rules import SUM, WHOLE, Split, State, rows, rule_for, val
 
 aten = torch.ops.aten
 
@@ -178,7 +178,7 @@ class _Grower:
                 for arg in op.all_input_nodes:
                     if arg in self.site.states or _nbytes(arg) < self.large:
                         continue
-                    if not self.site.reads[(op, arg)].split:
+                    if not self.site.reads.get((op, arg), WHOLE).split:
                         continue
                     producer = arg.args[0] if arg.target is operator.getitem else arg
                     changed |= self.try_add(producer)

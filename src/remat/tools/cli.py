@@ -158,21 +158,51 @@ def _plan_table(title: str, plan, store_all_peak: int, extra: dict | None = None
 
 
 def cmd_plan(args, ui: _Ui) -> int:
-    from ..solvers.cache import plan_with_cache
-
     check_output(args.output)
     example = load_example(args.model, args.size)
     if args.lengths:
         return cmd_plan_lengths(args, ui, example)
     base = _capture(ui, example, args.cost_model)
     with ui.phase(f"planned with {args.solver} for budget {_fraction_label(args.budget)}"):
-        plan = plan_with_cache(base.graph, args.budget, args.solver, time_limit=args.time_limit,
-                               cost_model=args.cost_model)
+        plan = _plan_splitting(example, base, args)
     ui.out.print(_plan_table(f"Plan for {example.name}", plan, base.peak_bytes))
     if args.save:
         plan.save(args.save)
         ui.out.print(f"saved to {args.save}")
     return EXIT_OK
+
+
+def _plan_splitting(example, base, args):
+    """The plan of ``remat plan``: of the captured step; where ``--split`` asks for chunks, or under
+    ``auto`` no plan fits otherwise, of the step with its largest ops split into row chunks
+    (captured again through :func:`remat.api.capture_and_plan`, which chooses the chunks)."""
+    from ..api import capture_and_plan
+    from ..errors import InfeasibleBudgetError
+    from ..solvers.cache import plan_with_cache
+
+    if not isinstance(args.split, int):
+        try:
+            return plan_with_cache(base.graph, args.budget, args.solver, time_limit=args.time_limit,
+                                   cost_model=args.cost_model)
+        except InfeasibleBudgetError:
+            if args.split == "off" or args.solver != "auto":
+                raise
+    plan, _ = capture_and_plan(example.model, *example.args, budget=args.budget, solver=args.solver,
+                               cost_model=args.cost_model, time_limit=args.time_limit, split=args.split,
+                               **example.kwargs)
+    return plan
+
+
+def _split_arg(text: str):
+    if text in ("auto", "off"):
+        return text
+    try:
+        chunks = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto, off or a number of chunks, not {text!r}") from None
+    if chunks < 1:
+        raise argparse.ArgumentTypeError(f"the number of chunks must be at least 1, not {chunks}")
+    return chunks
 
 
 def cmd_plan_lengths(args, ui: _Ui, example) -> int:
@@ -504,6 +534,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(plan)
     _add_planning(plan, budget_required=False)
     plan.add_argument("--save", metavar="PLAN.json", help="write the plan as JSON")
+    plan.add_argument("--split", type=_split_arg, default="auto", metavar="auto|off|K",
+                      help="split the ops that set the peak (the LM head and its loss) into row chunks: auto (where "
+                           "no plan fits otherwise, with --solver auto; default), off, or K chunks")
     plan.add_argument("--lengths", metavar="MIN:MAX", help="a plan per sequence-length bucket (dimension 1)")
     plan.add_argument("--output", metavar="FILE.png|svg", help="with --lengths: plot peak against length")
     plan.set_defaults(func=cmd_plan)
