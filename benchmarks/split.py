@@ -161,11 +161,60 @@ def resnet_rows():
             "split (statistics first, then normalisation in chunks) is not built yet, so splitting does not lower it."]
 
 
+def max_batch_rows(limit: int):
+    """``remat.max_batch_size`` on the 32k-vocabulary GPT-2 (sequence 256) under ``limit`` bytes of step
+    memory (parameters, batch and the step; no optimizer state): plain PyTorch, remat without splits,
+    remat with them."""
+    import remat
+    from remat import models as zoo
+
+    def make_model():
+        import torch
+
+        torch.manual_seed(0)
+        return zoo._BUILDERS["gpt2"](**dict(GPT2_32K, batch=1))[0].train()
+
+    def make_batch(n):
+        _, args, kwargs = zoo._BUILDERS["gpt2"](**dict(GPT2_32K, batch=n))
+        return args, kwargs
+
+    rows = md_header(["method", "largest batch", "x plain PyTorch", "solver of the largest", "search time"])
+    results = {}
+    for label, options in (("remat, split='off'", dict(split="off")), ("remat, split='auto'", {})):
+        t0 = time.perf_counter()
+        result = remat.max_batch_size(make_model, make_batch, limit, compare_plain=not results, cache=False, max_batch=40,
+                                      on_try=lambda t: log(f"{t.method} batch {t.batch}: fits={t.fits} {t.reason}"),
+                                      **options)
+        results[label] = (result, time.perf_counter() - t0)
+    plain = next(iter(results.values()))[0].plain_batch_size
+    rows.append(f"| plain PyTorch | {plain} | 1.00 | - | - |")
+    for label, (result, seconds) in results.items():
+        chunks = (result.plan.info.get("split", {}).get("chunks", "-") if result.plan is not None else "-")
+        rows.append(f"| {label} | {result.batch_size} | {result.batch_size / max(plain, 1):.2f} | "
+                    f"{result.plan.solver if result.plan is not None else '-'}, {chunks} chunks | {seconds:.0f} s |")
+        log(rows[-1])
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--max-batch", metavar="MiB", type=int, default=None,
+                        help="only the largest-batch search under this many MiB (writes benchmarks/split_batch.md)")
     a = parser.parse_args()
     process_setup()
+    if a.max_batch is not None:
+        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        text = "\n".join([
+            "# Largest batch with splits", "",
+            f"`benchmarks/split.py {' '.join(sys.argv[1:])}` at {git_revision()}, {started}; {machine_facts()}.", "",
+            f"GPT-2, {GPT2_32K['n_layer']} layers, width {GPT2_32K['n_embd']}, vocabulary {GPT2_32K['vocab']}, "
+            f"sequence {GPT2_32K['seq']}; `remat.max_batch_size` under {a.max_batch} MiB of measured step memory "
+            "(parameters, batch and step; no optimizer state), solver `auto`, batches up to 40.", "",
+            *max_batch_rows(a.max_batch * 2**20), ""])
+        (HERE / "split_batch.md").write_text(text)
+        print(text)
+        return
     cfg = GPT2_QUICK if a.quick else GPT2_32K
     model, _, kwargs = gpt2(cfg)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
