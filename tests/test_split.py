@@ -76,7 +76,7 @@ def test_every_rule_of_an_mlp_with_cross_entropy_matches_the_unsplit_step():
     _close(grads, eager)
 
 
-def test_gpt2s_lm_head_and_loss_split_like_eager_and_rows_bitwise_like_unsplit():
+def test_gpt2s_lm_head_and_loss_split_like_eager_and_like_the_unsplit_step():
     model, batch = _gpt2(vocab=4000)
     eager_loss, eager = _grads(copy.deepcopy(model), **batch)
     unsplit_loss, unsplit = _grads(remat.optimize(copy.deepcopy(model), **batch, split="off", cache=False), **batch)
@@ -90,7 +90,7 @@ def test_gpt2s_lm_head_and_loss_split_like_eager_and_rows_bitwise_like_unsplit()
     _close(grads, unsplit, rtol=1e-6, atol=1e-7)
 
 
-def test_auto_splits_where_the_budget_needs_it_and_the_step_measures_its_prediction():
+def test_auto_splits_where_the_budget_needs_it_names_the_floor_over_splits_and_measures_its_prediction():
     model, batch = _gpt2(vocab=32000, n_embd=32, batch=2, seq=128)  # logits: 256 x 32000 fp32, 31 MiB
     unsplit = remat.plan(model, **batch, budget="min", split="off", cache=False)
     assert "split" not in unsplit.info
@@ -112,17 +112,13 @@ def test_auto_splits_where_the_budget_needs_it_and_the_step_measures_its_predict
     assert "split" not in remat.plan(model, **batch, budget=unsplit.peak_bytes, cache=False).info
     with pytest.raises(InfeasibleBudgetError):
         remat.plan(model, **batch, budget=budget, solver="hierarchical", cache=False)
-
-
-def test_a_budget_below_every_split_names_the_smallest_over_the_splits():
-    model, batch = _gpt2(vocab=32000, n_embd=32, batch=2, seq=128)
-    unsplit = remat.plan(model, **batch, budget="min", split="off", cache=False)
+    # below every split: the error names the smallest budget over the splits, and that budget plans
     with pytest.raises(InfeasibleBudgetError) as refused:  # below the gradients: refused at once, every split
         remat.plan(model, **batch, budget=2 * MiB, cache=False)
     floor = refused.value.min_budget_bytes
     assert floor < 0.6 * unsplit.peak_bytes
     assert "split into up to" in str(refused.value)
-    plan = remat.plan(model, **batch, budget=floor, cache=False, time_limit=5)  # the floor plans
+    plan = remat.plan(model, **batch, budget=floor, cache=False, time_limit=5)
     assert plan.peak_bytes <= floor and plan.info["split"]["chunks"] >= 2
 
 
