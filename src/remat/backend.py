@@ -93,17 +93,26 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     (:mod:`remat.capture.split`).
 
     ``split="auto"`` (with ``solver="auto"``; a named solver plans the step as captured): the step as
-    captured, unless no plan fits the budget; then the split sites with 2, 4, 8, ... chunks, and the
-    first that fits (fewest chunks: the fewest extra launches). With ``budget="min"``, more chunks
-    while each lowers the smallest peak by ``MIN_GAIN``. An int: that many chunks, whatever the
-    solver. A fraction is of the unsplit step's store-all peak, and :class:`InfeasibleBudgetError`
-    names the smallest budget over every split tried."""
+    captured, unless no plan fits the budget; then the split sites with 2, 4, 8, ... chunks: the
+    fewest chunks whose quick plans fit (seconds; fewer chunks, fewer extra launches), planned in
+    full; if no quick plan fits, each factor in full. With ``budget="min"``, more chunks while each
+    lowers the smallest peak by ``MIN_GAIN``. An int: that many chunks, whatever the solver. A
+    fraction is of the unsplit step's store-all peak, and :class:`InfeasibleBudgetError` names the
+    smallest budget over every split tried."""
     split = opts.split
     if opts.plan is not None or split in ("off", 1) or (split == "auto" and opts.solver != "auto"):
         return captured, plan(captured.graph, opts.budget)
+    budget = opts.budget
+    if not (isinstance(split, int) or is_min(budget)):
+        try:  # most steps fit as captured: no sites looked for
+            return captured, plan(captured.graph, budget)
+        except InfeasibleBudgetError as err:
+            refused = err
     sites = find_sites(joint, num_fwd_outputs)
     if not sites:
-        return captured, plan(captured.graph, opts.budget)
+        if isinstance(split, int) or is_min(budget):
+            return captured, plan(captured.graph, budget)
+        raise refused
 
     captures: dict = {}
 
@@ -117,7 +126,6 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
         planned.info["split"] = {"chunks": k, "sites": [site.describe() for site in sites]}
         return chunked(k), planned
 
-    budget = opts.budget
     if isinstance(split, int):  # a fraction of the unsplit step's peak
         return with_chunks(split, resolve(captured.graph, budget) if is_fraction(budget) else budget)
     if is_min(budget):
@@ -128,28 +136,25 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
                 break
             best = candidate
         return best
-    try:
-        return captured, plan(captured.graph, budget)
-    except InfeasibleBudgetError as refused:
-        least = refused.min_budget_bytes
-        # first the fewest chunks a quick plan fits (seconds); only if none does, a full search per
-        # factor whose lower bound the budget reaches
-        for k in SPLIT_FACTORS:
-            least = min(least, quick_minimum(chunked(k).graph))
-            if least <= refused.budget_bytes:
-                return with_chunks(k, refused.budget_bytes)
-        for k in SPLIT_FACTORS:
-            if refused.budget_bytes < peak_lower_bound(chunked(k).graph):
-                continue
-            try:
-                return with_chunks(k, refused.budget_bytes)
-            except InfeasibleBudgetError as err:
-                least = min(least, err.min_budget_bytes)
-        store, fixed = store_all_plan(captured.graph).peak_bytes, fixed_bytes(captured.graph)
-        raise InfeasibleBudgetError(
-            refused.budget_bytes, least, f"with its largest ops split into up to {SPLIT_FACTORS[-1]} chunks",
-            solver=refused.solver, budget_fraction=refused.budget_fraction,
-            min_budget_fraction=bytes_to_fraction(least, store, fixed)) from None
+    least = refused.min_budget_bytes
+    # first the fewest chunks a quick plan fits (seconds); only if none does, a full search per
+    # factor whose lower bound the budget reaches
+    for k in SPLIT_FACTORS:
+        least = min(least, quick_minimum(chunked(k).graph))
+        if least <= refused.budget_bytes:
+            return with_chunks(k, refused.budget_bytes)
+    for k in SPLIT_FACTORS:
+        if refused.budget_bytes < peak_lower_bound(chunked(k).graph):
+            continue
+        try:
+            return with_chunks(k, refused.budget_bytes)
+        except InfeasibleBudgetError as err:
+            least = min(least, err.min_budget_bytes)
+    store, fixed = store_all_plan(captured.graph).peak_bytes, fixed_bytes(captured.graph)
+    raise InfeasibleBudgetError(
+        refused.budget_bytes, least, f"with its largest ops split into up to {SPLIT_FACTORS[-1]} chunks",
+        solver=refused.solver, budget_fraction=refused.budget_fraction,
+        min_budget_fraction=bytes_to_fraction(least, store, fixed)) from None
 
 
 def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions, capture_id: int):
