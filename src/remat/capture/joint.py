@@ -127,7 +127,7 @@ def is_batch_norm_with_stats(node: fx.Node) -> bool:
 COPY_ = torch.ops.aten.copy_.default
 
 
-def _input_mutations(fx_graph: fx.Graph) -> list[tuple[fx.Node, fx.Node]]:
+def input_mutations_of(fx_graph: fx.Graph) -> list[tuple[fx.Node, fx.Node]]:
     """``(primal, new value)`` of each ``copy_`` into a primal placeholder: an input mutation
     AOTAutograd kept in the graph. Only forward mutations are supported (a CaptureError otherwise)."""
     found = []
@@ -145,6 +145,19 @@ def _input_mutations(fx_graph: fx.Graph) -> list[tuple[fx.Node, fx.Node]]:
             raise CaptureError(f"remat cannot plan the in-place update of input {dest.name} (copy_ of a constant)")
         found.append((dest, src))
     return found
+
+
+def forward_phase(fwd_outputs, input_mutations) -> set[fx.Node]:
+    """The forward phase of a joint graph: every node the forward outputs and the new values of
+    mutated inputs (:func:`input_mutations_of`) depend on."""
+    forward: set[fx.Node] = set()
+    stack = [n for n in fwd_outputs if isinstance(n, fx.Node)] + [src for _dest, src in input_mutations]
+    while stack:
+        n = stack.pop()
+        if n not in forward:
+            forward.add(n)
+            stack.extend(n.all_input_nodes)
+    return forward
 
 
 def rng_state_bytes(device: torch.device) -> int:
@@ -181,17 +194,9 @@ def capture_joint(
     outputs = list(output_node.args[0])
     fwd_outputs, bwd_outputs = outputs[:num_fwd_outputs], outputs[num_fwd_outputs:]
 
-    input_mutations = _input_mutations(fx_graph)
+    input_mutations = input_mutations_of(fx_graph)
 
-    # forward phase: everything the forward outputs and the new values of mutated inputs depend on
-    forward: set[fx.Node] = set()
-    stack = [n for n in fwd_outputs if isinstance(n, fx.Node)] + [src for _dest, src in input_mutations]
-    while stack:
-        n = stack.pop()
-        if n in forward:
-            continue
-        forward.add(n)
-        stack.extend(n.all_input_nodes)
+    forward = forward_phase(fwd_outputs, input_mutations)
 
     builder = GraphBuilder(name)
     value_id: dict[fx.Node, int] = {}

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from .split_rules import SUM, WHOLE, Split, State, rows, rule_for, val
+from .joint import forward_phase, input_mutations_of
+from .split_rules import SUM, WHOLE, Split, State, leading_rows, rows, rule_for, val
 
 aten = torch.ops.aten
 
@@ -44,14 +45,13 @@ SEED_FRACTION = 0.25
 class Site:
     """Ops of one joint graph that split over the same ``rows``. ``states`` holds the state of
     every value the site makes (op nodes and ``getitem`` nodes), ``splits`` each op's rule result,
-    ``largest`` the bytes of the largest value the site keeps to one chunk at a time."""
+    ``reads`` the state in which each op reads each value from outside the site."""
 
     rows: int
     seed: fx.Node
     states: dict[fx.Node, State] = field(default_factory=dict)
     splits: dict[fx.Node, Split] = field(default_factory=dict)
     reads: dict[tuple[fx.Node, fx.Node], State] = field(default_factory=dict)  # (op, outside value) -> as read
-    largest: int = 0
 
     def describe(self) -> str:
         ops = [str(n.target).split(".")[1] for n in self.splits if not _is_view_like(n)]
@@ -71,34 +71,22 @@ def _is_view_like(node: fx.Node) -> bool:
 
 
 def _rows_state(node, count: int) -> State:
-    """How a value from outside a site enters it: by rows when its leading dims (mergeable into one)
+    """How a value from outside a site enters it: by rows when its leading dims, mergeable into one,
     multiply to ``count``; else whole."""
     v = val(node)
-    product = 1
-    for lead, size in enumerate(v.shape, start=1):
-        product *= int(size)
-        if product == count:
-            strides, sizes = v.stride(), v.shape
-            if all(strides[i] == strides[i + 1] * sizes[i + 1] for i in range(lead - 1)):
-                return rows(lead)
-            return WHOLE
-        if product > count:
-            break
-    return WHOLE
+    lead = leading_rows(v.shape, count)
+    if lead is None:
+        return WHOLE
+    strides, sizes = v.stride(), v.shape
+    mergeable = all(strides[i] == strides[i + 1] * sizes[i + 1] for i in range(lead - 1))
+    return rows(lead) if mergeable else WHOLE
 
 
 def _forward_nodes(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
+    """The joint graph's forward phase (as :func:`~remat.capture.joint.capture_joint` finds it), with
+    every output of a forward op (a loss's total weight that only the backward reads)."""
     (output,) = joint.graph.find_nodes(op="output")
-    stack = [n for n in list(output.args[0])[:num_fwd_outputs] if isinstance(n, fx.Node)]
-    stack += [n.args[1] for n in joint.graph.find_nodes(op="call_function", target=aten.copy_.default)
-              if isinstance(n.args[1], fx.Node)]
-    seen: set[fx.Node] = set()
-    while stack:
-        n = stack.pop()
-        if n not in seen:
-            seen.add(n)
-            stack.extend(n.all_input_nodes)
-    # every output of a forward op is made in the forward (a loss's total weight only the backward reads)
+    seen = forward_phase(list(output.args[0])[:num_fwd_outputs], input_mutations_of(joint.graph))
     return seen | {u for n in seen for u in n.users if u.target is operator.getitem}
 
 
@@ -130,10 +118,11 @@ class _Grower:
         return state
 
     def try_add(self, node: fx.Node) -> bool:
-        if node in self.site.splits or node in self.taken or rule_for(node) is None:
+        rule = rule_for(node)
+        if node in self.site.splits or node in self.taken or rule is None:
             return False
         reads: dict = {}
-        split = rule_for(node)(node, self.state_of(node, reads))
+        split = rule(node, self.state_of(node, reads))
         if split is None:
             return False
         outs = self._output_states(node, split)
@@ -164,7 +153,7 @@ class _Grower:
         return outs
 
     def grow(self) -> Site | None:
-        if not self.try_add(self.seed_node):
+        if not self.try_add(self.site.seed):
             return None
         changed = True
         while changed:
@@ -190,12 +179,7 @@ class _Grower:
                           for v, s in self.site.states.items())
         if not internal or exits_large or not all(_convex(seg) for seg in _segments(self.site, self.forward)):
             return None
-        self.site.largest = max(_nbytes(v) for v in internal)
         return self.site
-
-    @property
-    def seed_node(self) -> fx.Node:
-        return self.site.seed
 
 
 def _segments(site: Site, forward: set[fx.Node]) -> list[list[fx.Node]]:
@@ -306,7 +290,7 @@ class _Rewriter:
             for node in segment:
                 if node.target is operator.getitem:
                     chunk = self._call(operator.getitem, (self.chunks[node.args[0]][c], node.args[1]), meta_from=node)
-                    self._record(site, node, chunk, c, totals)
+                    self._record(site, node, chunk, totals)
                     continue
                 split = site.splits[node]
                 args, kwargs = fx.node.map_arg((node.args, node.kwargs),
@@ -320,12 +304,12 @@ class _Rewriter:
                     continue
                 chunk = self._call(node.target, args, kwargs, meta_from=node)
                 if isinstance(val(node), torch.Tensor):
-                    self._record(site, node, chunk, c, totals)
+                    self._record(site, node, chunk, totals)
                 else:
                     self.chunks.setdefault(node, []).append(chunk)
         self._combine(site, segment, totals)
 
-    def _record(self, site: Site, node: fx.Node, chunk: fx.Node, c: int, totals: dict) -> None:
+    def _record(self, site: Site, node: fx.Node, chunk: fx.Node, totals: dict) -> None:
         self.chunks.setdefault(node, []).append(chunk)
         if site.states[node].kind in ("sum", "mean"):
             previous = totals.get(node)

@@ -146,7 +146,7 @@ def _transpose_2d(node, state_of):
     return None
 
 
-def _leading_rows(shape, count: int) -> int | None:
+def leading_rows(shape, count: int) -> int | None:
     """The smallest ``lead`` whose leading dims multiply to ``count`` (None when none does)."""
     product = 1
     for lead, size in enumerate(shape, start=1):
@@ -165,7 +165,7 @@ def _view(node, state_of):
     if s is None or s.kind != "rows" or not src.is_contiguous():
         return None
     count = math.prod(int(x) for x in src.shape[: s.lead])
-    lead = _leading_rows(out.shape, count)
+    lead = leading_rows(out.shape, count)
     if lead is None:
         return None
     rest = [int(x) for x in out.shape[lead:]]
@@ -190,26 +190,26 @@ def _addmm(node, state_of):
     return None
 
 
+def _row_wise_over(node, inputs, dim_index: int) -> Split | None:
+    """An op reducing over dim ``node.args[dim_index]`` of inputs that are all split alike by rows:
+    row-wise when that dim is not a row dim (the chunk's call names the dim of the chunk)."""
+    state = inputs[0]
+    if state is None or state.kind != "rows" or any(s != state for s in inputs):
+        return None
+    dim = node.args[dim_index] % val(node.args[0]).dim()
+    if dim < state.lead:
+        return None
+    return Split((state,), args=_with_arg(dim_index, lambda n: dim - state.lead + 1))
+
+
 def _softmax(node, state_of):
-    """``_softmax`` / ``_log_softmax(x, dim, half_to_float)`` over a dim that is not a row dim."""
-    s = state_of(node.args[0])
-    if s is None or s.kind != "rows":
-        return None
-    dim = node.args[1] % val(node.args[0]).dim()
-    if dim < s.lead:
-        return None
-    return Split((s,), args=_with_arg(1, lambda n: dim - s.lead + 1))
+    """``_softmax`` / ``_log_softmax(x, dim, half_to_float)``."""
+    return _row_wise_over(node, [state_of(node.args[0])], 1)
 
 
 def _softmax_backward(node, state_of):
     """``_softmax_backward_data`` / ``_log_softmax_backward_data(grad, output, dim, dtype)``."""
-    g, o = state_of(node.args[0]), state_of(node.args[1])
-    if g is None or g.kind != "rows" or g != o:
-        return None
-    dim = node.args[2] % val(node.args[0]).dim()
-    if dim < g.lead:
-        return None
-    return Split((g,), args=_with_arg(2, lambda n: dim - g.lead + 1))
+    return _row_wise_over(node, [state_of(node.args[0]), state_of(node.args[1])], 2)
 
 
 def _nll_loss_forward(node, state_of):
@@ -320,4 +320,4 @@ def rule_for(node: fx.Node) -> Rule | None:
     return None
 
 
-__all__ = ["State", "Split", "COLS", "WHOLE", "SUM", "MEAN", "rows", "rule_for", "val", "RULES"]
+__all__ = ["State", "Split", "COLS", "WHOLE", "SUM", "MEAN", "rows", "leading_rows", "rule_for", "val", "RULES"]

@@ -362,13 +362,18 @@ def _named(graph: Graph, budget_bytes, solver: str, time_limit, options, fractio
 def quick_minimum(graph: Graph) -> int:
     """The smallest peak of store_all and the quick planners (``QUICK_MINIMUM_SOLVERS``) on ``graph``: a
     budget that surely plans, found in well under a second."""
-    plans = [store_all_plan(graph)]
-    for name in QUICK_MINIMUM_SOLVERS:
+    return _smallest_of([store_all_plan(graph), *_minimum_plans(graph, QUICK_MINIMUM_SOLVERS)]).peak_bytes
+
+
+def _minimum_plans(graph: Graph, names) -> list[Plan]:
+    """The smallest-peak plan of each of the solvers ``names`` that handles ``graph``."""
+    plans = []
+    for name in names:
         try:
             plans.append(solver_minimum(graph, name))
         except SolverError:
             pass
-    return _smallest_of(plans).peak_bytes
+    return plans
 
 
 def _known_plans(graph: Graph, names) -> list[Plan]:
@@ -386,12 +391,7 @@ def _below_lower_bound(graph: Graph, budget_bytes: int, solver: str, fraction) -
         quick = QUICK_MINIMUM_SOLVERS
     else:  # a named quick solver: its own smallest plan
         plans, quick = [], (solver,)
-    for name in quick:
-        try:
-            plans.append(solver_minimum(graph, name))
-        except SolverError:
-            pass
-    smallest = _smallest_of(plans)
+    smallest = _smallest_of(plans + _minimum_plans(graph, quick))
     detail = (f"the bound is the largest working set of one operator, or the gradients and outputs every plan "
               f"holds; the smallest budget is {smallest.solver}'s plan")
     if smallest.peak_bytes > bound:
