@@ -96,7 +96,8 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     captured, unless no plan fits the budget; then the split sites with 2, 4, 8, ... chunks: the
     fewest chunks whose quick plans fit (seconds; fewer chunks, fewer extra launches), planned in
     full; if no quick plan fits, each factor in full. With ``budget="min"``, more chunks while each
-    lowers the smallest peak by ``MIN_GAIN``. An int: that many chunks, whatever the solver. A
+    lowers the quick planners' smallest peak by ``MIN_GAIN``, then the smallest plan of that factor
+    in full (kept when it beats the unsplit step's by ``MIN_GAIN``). An int: that many chunks, whatever the solver. A
     fraction is of the unsplit step's store-all peak, and :class:`InfeasibleBudgetError` names the
     smallest budget over every split tried."""
     split = opts.split
@@ -128,14 +129,18 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
 
     if isinstance(split, int):  # a fraction of the unsplit step's peak
         return with_chunks(split, resolve(captured.graph, budget) if is_fraction(budget) else budget)
-    if is_min(budget):
-        best = (captured, plan(captured.graph, budget))
+    if is_min(budget):  # the factor from the quick planners (seconds), then one full search
+        chosen, quick = None, quick_minimum(captured.graph)
         for k in SPLIT_FACTORS:
-            candidate = with_chunks(k, budget)
-            if candidate[1].peak_bytes > best[1].peak_bytes * (1 - MIN_GAIN):
+            least = quick_minimum(chunked(k).graph)
+            if least > quick * (1 - MIN_GAIN):
                 break
-            best = candidate
-        return best
+            chosen, quick = k, least
+        unsplit = (captured, plan(captured.graph, budget))
+        if chosen is None:
+            return unsplit
+        candidate = with_chunks(chosen, budget)
+        return candidate if candidate[1].peak_bytes < unsplit[1].peak_bytes * (1 - MIN_GAIN) else unsplit
     least = refused.min_budget_bytes
     # first the fewest chunks a quick plan fits (seconds); only if none does, a full search per
     # factor whose lower bound the budget reaches

@@ -31,7 +31,8 @@ import torch
 import torch.fx as fx
 
 from .joint import forward_phase, input_mutations_of
-from .split_rules import SUM, WHOLE, Split, State, leading_rows, rows, rule_for, val
+from .split_barriers import BARRIER_RULES
+from .split_rules import SUM, WHOLE, Split, State, rows_of, rule_for, val
 
 aten = torch.ops.aten
 
@@ -52,6 +53,7 @@ class Site:
     states: dict[fx.Node, State] = field(default_factory=dict)
     splits: dict[fx.Node, Split] = field(default_factory=dict)
     reads: dict[tuple[fx.Node, fx.Node], State] = field(default_factory=dict)  # (op, outside value) -> as read
+    gain: int = 0  # bytes of large values that never exist whole, less those concatenated for outside readers
 
     def describe(self) -> str:
         ops = [str(n.target).split(".")[1] for n in self.splits if not _is_view_like(n)]
@@ -72,14 +74,14 @@ def _is_view_like(node: fx.Node) -> bool:
 
 def _rows_state(node, count: int) -> State:
     """How a value from outside a site enters it: by rows when its leading dims, mergeable into one,
-    multiply to ``count``; else whole."""
+    multiply to a multiple of ``count``; else whole."""
     v = val(node)
-    lead = leading_rows(v.shape, count)
-    if lead is None:
+    state = rows_of(v.shape, count)
+    if state is None:
         return WHOLE
     strides, sizes = v.stride(), v.shape
-    mergeable = all(strides[i] == strides[i + 1] * sizes[i + 1] for i in range(lead - 1))
-    return rows(lead) if mergeable else WHOLE
+    mergeable = all(strides[i] == strides[i + 1] * sizes[i + 1] for i in range(state.lead - 1))
+    return state if mergeable else WHOLE
 
 
 def _forward_nodes(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
@@ -100,8 +102,8 @@ class _Grower:
 
     def _seen(self, value: fx.Node, state: State, consumer: fx.Node) -> State:
         """The state in which ``consumer`` reads the site's ``value``: a sum or mean is combined when
-        its segment ends, so a later segment reads it whole."""
-        if state.kind in ("sum", "mean") and (value in self.forward) != (consumer in self.forward):
+        its segment ends, so the other phase reads it whole; a barrier's statistics are whole."""
+        if state.kind == "stat" or (state.kind in ("sum", "mean") and (value in self.forward) != (consumer in self.forward)):
             return WHOLE
         return state
 
@@ -118,7 +120,7 @@ class _Grower:
         return state
 
     def try_add(self, node: fx.Node) -> bool:
-        rule = rule_for(node)
+        rule = _rule(node)
         if node in self.site.splits or node in self.taken or rule is None:
             return False
         reads: dict = {}
@@ -172,29 +174,62 @@ class _Grower:
                     producer = arg.args[0] if arg.target is operator.getitem else arg
                     changed |= self.try_add(producer)
         inside = self.site.splits.keys() | self.site.states.keys()
-        internal = [v for v, s in self.site.states.items() if s.split and _nbytes(v) >= self.large
-                    and all(u in inside for u in v.users)]
-        # a large split value read outside would be concatenated whole again: no site then
-        exits_large = any(s.split and _nbytes(v) >= self.large and any(u not in inside for u in v.users)
-                          for v, s in self.site.states.items())
-        if not internal or exits_large or not all(_convex(seg) for seg in _segments(self.site, self.forward)):
+        internal = exits = 0
+        for v, s in self.site.states.items():
+            if s.split and _nbytes(v) >= self.large and not _is_view_like(v):
+                if all(u in inside for u in v.users):
+                    internal += _nbytes(v)
+                else:  # read outside: concatenated whole again
+                    exits += _nbytes(v)
+        self.site.gain = internal - exits
+        segments = _segments(self.site, self.forward)
+        if self.site.gain <= 0 or not all(_convex(seg) for seg in segments):
             return None
+        if _order(list(self.site.seed.graph.nodes), [self.site], self.forward) is None:
+            return None  # its stages and the ops between them would wait on each other
         return self.site
 
 
-def _segments(site: Site, forward: set[fx.Node]) -> list[list[fx.Node]]:
-    """The site's forward nodes and its backward nodes (ops and getitems), each in graph order."""
+def _rule(node: fx.Node):
+    return BARRIER_RULES.get(node.target) or rule_for(node)
+
+
+# An entry of a segment: (node, part), part "op" (an op or getitem run per chunk), "reduce" or
+# "apply" (a barrier's two passes), "result" (a barrier's getitem: made by its passes).
+Entry = tuple[fx.Node, str]
+
+
+def _segments(site: Site, forward: set[fx.Node]) -> list[list[Entry]]:
+    """The site's entries by phase (forward, backward) and stage, each in graph order. A node's
+    stage is the largest stage of the site's values it reads in its phase; a barrier reduces in
+    that stage and makes its outputs in the next."""
     order = {n: i for i, n in enumerate(site.seed.graph.nodes)}
     nodes = sorted(set(site.splits) | set(site.states), key=order.__getitem__)
-    fwd = [n for n in nodes if n in forward]
-    bwd = [n for n in nodes if n not in forward]
-    return [seg for seg in (fwd, bwd) if seg]
+    ready: dict[fx.Node, int] = {}  # node -> the stage from which its outputs exist
+    groups: dict[tuple[bool, int], list[Entry]] = {}
+    for n in nodes:
+        phase = n not in forward
+        if n.target is operator.getitem and n.args[0] in site.splits:
+            parent = n.args[0]
+            ready[n] = ready[parent]
+            part = "result" if site.splits[parent].barrier is not None else "op"
+            groups.setdefault((phase, ready[n]), []).append((n, part))
+            continue
+        stage = max((ready[a] for a in n.all_input_nodes if a in ready and (a not in forward) == phase), default=0)
+        if site.splits[n].barrier is not None:
+            groups.setdefault((phase, stage), []).append((n, "reduce"))
+            groups.setdefault((phase, stage + 1), []).append((n, "apply"))
+            ready[n] = stage + 1
+        else:
+            groups.setdefault((phase, stage), []).append((n, "op"))
+            ready[n] = stage
+    return [groups[key] for key in sorted(groups)]
 
 
-def _convex(segment: list[fx.Node]) -> bool:
+def _convex(segment: list[Entry]) -> bool:
     """No path leaves the segment and comes back into it (else it cannot run as one block)."""
-    inside = set(segment)
-    stack = [u for n in segment for u in n.users if u not in inside]
+    inside = {n for n, _ in segment}
+    stack = [u for n in inside for u in n.users if u not in inside]
     seen: set[fx.Node] = set()
     while stack:
         n = stack.pop()
@@ -210,28 +245,38 @@ def _convex(segment: list[fx.Node]) -> bool:
 
 def find_sites(joint: fx.GraphModule, num_fwd_outputs: int) -> list[Site]:
     """The split sites of a joint graph, largest first: one grown from each op whose output holds at
-    least ``SEED_FRACTION`` of the step's largest value and is not in an earlier site."""
+    least ``SEED_FRACTION`` of the step's largest value and is not in an earlier site.
+
+    A seed's rows may be counted in several units: its tokens ``B * T`` (a fine split, up to a
+    chunk per token), or its sequences ``B`` (so batch-wise ops such as attention and convolutions
+    join the site), or any row count of another seed that divides its own. The site with the
+    largest :attr:`Site.gain` wins; on a tie, the finer one."""
     forward = _forward_nodes(joint, num_fwd_outputs)
     ops = [n for n in joint.graph.nodes if n.op == "call_function" and isinstance(val(n), torch.Tensor)
            and val(n).dim() >= 2 and not _is_view_like(n)]
     if not ops or any(not isinstance(s, int) for n in ops for s in val(n).shape):
         return []  # symbolic sizes: not split
     biggest = max(_nbytes(n) for n in ops)
+    seeds = [n for n in sorted(ops, key=_nbytes, reverse=True) if _nbytes(n) >= biggest * SEED_FRACTION]
+    counts = sorted({c for n in seeds for c in _leading_counts(val(n).shape)}, reverse=True)
     sites: list[Site] = []
     taken: set[fx.Node] = set()
-    for seed in sorted(ops, key=_nbytes, reverse=True):
-        if _nbytes(seed) < biggest * SEED_FRACTION:
-            break
+    for seed in seeds:
         if seed in taken:
             continue
-        count = math.prod(int(x) for x in val(seed).shape[:-1])
-        if count < 2:
-            continue
-        site = _Grower(seed, count, forward, taken).grow()
-        if site is not None:
-            sites.append(site)
-            taken.update(site.states)
+        rows_here = math.prod(int(x) for x in val(seed).shape[:-1])
+        grown = [_Grower(seed, count, forward, taken).grow() for count in counts if rows_here % count == 0]
+        grown = [site for site in grown if site is not None]
+        if grown:
+            best = max(grown, key=lambda site: (site.gain, site.rows))
+            sites.append(best)
+            taken.update(best.states)
     return sites
+
+
+def _leading_counts(shape) -> set[int]:
+    """The products of a value's leading dims (all but the last), 2 or more."""
+    return {c for c in (math.prod(int(x) for x in shape[:lead]) for lead in range(1, len(shape))) if c >= 2}
 
 
 def split_joint(joint: fx.GraphModule, num_fwd_outputs: int, sites: list[Site], k: int) -> fx.GraphModule:
@@ -246,7 +291,8 @@ class _Rewriter:
         self.graph = fx.Graph()
         self.env: dict[fx.Node, fx.Node] = {}  # original node -> its whole value in the new graph
         self.chunks: dict[fx.Node, list[fx.Node]] = {}  # split value -> its chunks
-        self.slices: dict[tuple[fx.Node, int, int], fx.Node] = {}
+        self.slices: dict[tuple, fx.Node] = {}
+        self.contexts: dict[fx.Node, object] = {}  # barrier -> what its combine hands its apply pass
         placeholders = [val(n) for n in joint.graph.find_nodes(op="placeholder")]
         self.fake_mode = torch._guards.detect_fake_mode(placeholders)
 
@@ -274,20 +320,26 @@ class _Rewriter:
         state = site.reads[(consumer, arg)]
         if not state.split:
             return self.env[arg]
-        key = (arg, site.rows, c)
+        key = (arg, site.rows, state, c)
         if key not in self.slices:
             base = self.env[arg]
             if state.lead > 1:
-                base = self._call(aten.view.default, (base, [site.rows, *val(arg).shape[state.lead:]]))
+                base = self._call(aten.view.default, (base, [site.rows * state.per, *val(arg).shape[state.lead:]]))
             start, end = bounds[c]
-            self.slices[key] = self._call(aten.slice.Tensor, (base, 0, start, end))
+            self.slices[key] = self._call(aten.slice.Tensor, (base, 0, start * state.per, end * state.per))
         return self.slices[key]
 
-    def _segment(self, site: Site, segment: list[fx.Node]) -> None:
+    def _emit(self, target, *args, **kwargs) -> fx.Node:
+        return self._call(target, args, kwargs)
+
+    def _segment(self, site: Site, segment: list[Entry]) -> None:
         bounds = self._bounds(site)
         totals: dict[fx.Node, fx.Node] = {}  # sum/mean value -> its running total
+        partials: dict[fx.Node, list] = {}  # barrier -> its chunks' partial results
         for c, (start, end) in enumerate(bounds):
-            for node in segment:
+            for node, part in segment:
+                if part == "result":
+                    continue
                 if node.target is operator.getitem:
                     chunk = self._call(operator.getitem, (self.chunks[node.args[0]][c], node.args[1]), meta_from=node)
                     self._record(site, node, chunk, totals)
@@ -295,6 +347,15 @@ class _Rewriter:
                 split = site.splits[node]
                 args, kwargs = fx.node.map_arg((node.args, node.kwargs),
                                                lambda a: self._input_chunk(site, a, node, c, bounds))
+                if part == "reduce":
+                    partials.setdefault(node, []).append(split.barrier.reduce(self._emit, args))
+                    continue
+                if part == "apply":
+                    outs = split.barrier.apply(self._emit, args, self.contexts[node])
+                    for user in node.users:
+                        if user.args[1] in outs:
+                            self.chunks.setdefault(user, []).append(outs[user.args[1]])
+                    continue
                 if split.args is not None:
                     args, kwargs = split.args(args, kwargs, end - start)
                 if split.addmm and c > 0:
@@ -302,12 +363,18 @@ class _Rewriter:
                     totals[node] = chunk
                     self.chunks.setdefault(node, []).append(chunk)
                     continue
-                chunk = self._call(node.target, args, kwargs, meta_from=node)
+                chunk = self._call(split.target or node.target, args, kwargs, meta_from=node)
                 if isinstance(val(node), torch.Tensor):
                     self._record(site, node, chunk, totals)
                 else:
                     self.chunks.setdefault(node, []).append(chunk)
-        self._combine(site, segment, totals)
+        for node, parts in partials.items():  # a barrier's whole results, between its two passes
+            args = fx.node.map_arg(node.args, lambda a: self._input_chunk(site, a, node, 0, bounds))
+            outs, self.contexts[node] = site.splits[node].barrier.combine(self._emit, parts, args)
+            for user in node.users:
+                if user.args[1] in outs:
+                    self.env[user] = outs[user.args[1]]
+        self._combine(site, [n for n, part in segment if part in ("op", "result")], totals)
 
     def _record(self, site: Site, node: fx.Node, chunk: fx.Node, totals: dict) -> None:
         self.chunks.setdefault(node, []).append(chunk)
@@ -330,7 +397,8 @@ class _Rewriter:
         """The whole value of each of the segment's values that anything outside it reads."""
         for node in segment:
             state = site.states.get(node)
-            if state is None or (node.target is not operator.getitem and not isinstance(val(node), torch.Tensor)):
+            if state is None or state.kind == "stat" or (
+                    node.target is not operator.getitem and not isinstance(val(node), torch.Tensor)):
                 continue
             if state.split:
                 if all(u in site.states or u in site.splits for u in node.users):
@@ -339,6 +407,9 @@ class _Rewriter:
                 whole = self._call(aten.cat.default, (self.chunks[node], dim), meta_from=node)
             elif state == SUM:
                 whole = totals[node]
+                op = node.args[0] if node.target is operator.getitem else node
+                if site.splits[op].divide != 1:  # a mean: the summed parts over the count
+                    whole = self._call(aten.div.Tensor, (whole, site.splits[op].divide), meta_from=node)
             else:  # mean: the summed losses over the summed total weights
                 weight = self._total_weight(site, node.args[0], totals)
                 whole = self._call(aten.div.Tensor, (totals[node], weight), meta_from=node)
@@ -347,57 +418,69 @@ class _Rewriter:
                 whole = self._call(aten.view.default, (whole, shape), meta_from=node)
             self.env[node] = whole
 
-    # -- order ------------------------------------------------------------------------------------
-    def _units(self) -> tuple[dict, dict]:
-        """Each original node's unit: itself, or ``(site index, segment index)`` for a site's node."""
-        unit_of: dict[fx.Node, object] = {n: n for n in self.joint.graph.nodes}
-        members: dict[object, list[fx.Node]] = {}
-        for s, site in enumerate(self.sites):
-            for g, segment in enumerate(_segments(site, self.forward)):
-                for n in segment:
-                    unit_of[n] = (s, g)
-                members[(s, g)] = segment
-        return unit_of, members
-
     def run(self) -> fx.GraphModule:
-        nodes = list(self.joint.graph.nodes)
-        index = {n: i for i, n in enumerate(nodes)}
-        unit_of, members = self._units()
-        first = {}
-        for n in nodes:
-            first.setdefault(unit_of[n], index[n])
-        needs: dict[object, set] = {u: set() for u in first}
-        for n in nodes:
-            for a in n.all_input_nodes:
-                if unit_of[a] != unit_of[n]:
-                    needs[unit_of[n]].add(unit_of[a])
-        users: dict[object, list] = {u: [] for u in first}
-        for u, deps in needs.items():
-            for d in deps:
-                users[d].append(u)
-        waiting = {u: len(deps) for u, deps in needs.items()}
-        ready = [(first[u], i, u) for i, u in enumerate(first) if waiting[u] == 0]
-        heapq.heapify(ready)
-        tie = len(first)
+        units = _order(list(self.joint.graph.nodes), self.sites, self.forward)
+        assert units is not None, "split sites that wait on each other"  # find_sites checks each site
         output_node = None
-        while ready:
-            _, _, unit = heapq.heappop(ready)
-            if isinstance(unit, tuple):
-                site = self.sites[unit[0]]
-                self._segment(site, members[unit])
+        for unit, members in units:
+            if members is not None:
+                self._segment(self.sites[unit[0]], members)
             elif unit.op == "output":
                 output_node = unit
             else:
                 self.env[unit] = self.graph.node_copy(unit, lambda a: self.env[a])
-            for u in users[unit]:
-                waiting[u] -= 1
-                if waiting[u] == 0:
-                    tie += 1
-                    heapq.heappush(ready, (first[u], tie, u))
-        assert output_node is not None and all(w == 0 for w in waiting.values())
+        assert output_node is not None
         out = self.graph.output(fx.node.map_arg(output_node.args[0], lambda a: self.env[a]))
         out.meta = dict(output_node.meta)
         return fx.GraphModule(self.joint, self.graph)
+
+
+def _order(nodes: list[fx.Node], sites: list[Site], forward: set[fx.Node]):
+    """The order in which the rewritten graph runs: ``(unit, entries)`` pairs, a unit being a node
+    outside the sites (entries None) or a site's segment ``(site index, segment index)``; units
+    in topological order, ties broken by the graph position of their first node (Kahn's
+    algorithm). None when the units wait on each other (a cycle)."""
+    unit_of: dict[fx.Node, object] = {n: n for n in nodes}
+    members: dict[object, list[Entry]] = {}
+    needs: dict[object, set] = {}
+    for s, site in enumerate(sites):
+        for g, segment in enumerate(_segments(site, forward)):
+            members[(s, g)] = segment
+            for n, part in segment:
+                if part != "reduce":
+                    unit_of[n] = (s, g)
+        for g, segment in enumerate(_segments(site, forward)):
+            for n, part in segment:
+                if part == "reduce":  # reads the barrier's inputs; its apply pass comes after it
+                    needs.setdefault((s, g), set()).update(unit_of[a] for a in n.all_input_nodes)
+                    needs.setdefault(unit_of[n], set()).add((s, g))
+    index = {n: i for i, n in enumerate(nodes)}
+    first: dict[object, int] = {}
+    for n in nodes:
+        first.setdefault(unit_of[n], index[n])
+    for unit, segment in members.items():
+        first[unit] = min(index[n] for n, _ in segment)
+    for n in nodes:
+        for a in n.all_input_nodes:
+            needs.setdefault(unit_of[n], set()).add(unit_of[a])
+    users: dict[object, list] = {u: [] for u in first}
+    waiting = {u: 0 for u in first}
+    for u, deps in needs.items():
+        for d in deps - {u}:
+            users[d].append(u)
+            waiting[u] += 1
+    ready = [(first[u], i, u) for i, u in enumerate(first) if waiting[u] == 0]
+    heapq.heapify(ready)
+    tie, order = len(first), []
+    while ready:
+        _, _, unit = heapq.heappop(ready)
+        order.append((unit, members.get(unit)))
+        for u in users[unit]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                tie += 1
+                heapq.heappush(ready, (first[u], tie, u))
+    return order if len(order) == len(first) else None
 
 
 __all__ = ["Site", "find_sites", "split_joint"]

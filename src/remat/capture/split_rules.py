@@ -4,7 +4,10 @@ A split site (:mod:`remat.capture.split`) runs a set of ops on ``k`` chunks of `
 tensor the site reads or makes is in one :class:`State`:
 
 =========  ===========================================================================
-``rows``   its first ``lead`` dims flatten to the ``N`` rows; a chunk is ``(n, *shape[lead:])``
+``rows``   its first ``lead`` dims flatten to ``N * per`` rows, ``per`` rows for each of the
+           site's ``N`` units (a unit is a row of the seed: a token, or a whole sequence or
+           image when the site splits by batch); the chunk of units ``[s, e)`` is the
+           ``(e - s) * per`` rows from ``s * per``, shaped ``(rows, *shape[lead:])``
 ``cols``   a 2-D tensor whose second dim is the rows (``t`` of a ``rows`` tensor)
 ``whole``  not split: every chunk reads all of it (a weight, a scalar, a loss's total weight)
 ``sum``    each chunk makes a part and the value is the sum of the parts (a weight's gradient)
@@ -21,6 +24,11 @@ each chunk with ``reduction=sum`` and divides the summed losses by the summed to
 Row-independent rules give each row exactly the unsplit op's value wherever the kernel computes a
 row the same way whatever the other rows; ``sum`` and ``mean`` add the parts in another order than
 the unsplit reduction (equal to within rounding, 1e-6 relative in fp32).
+
+A value's ``lead`` is always the fewest leading dims whose sizes multiply to a multiple of ``N``
+(:func:`rows_of`): a ``[B, T, D]`` value of a site over ``B * T`` tokens has ``lead=2``, of a site
+over ``B`` sequences ``lead=1``; so a batch-wise op (a convolution, attention over its heads, a
+batched matmul) sees its batch dim as the rows whenever the site splits by batch.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ aten = torch.ops.aten
 class State:
     kind: str  # "rows", "cols", "whole", "sum" or "mean"
     lead: int = 1  # rows: how many leading dims flatten to the rows
+    per: int = 1  # rows and cols: rows for each of the site's units
 
     @property
     def split(self) -> bool:
@@ -52,11 +61,31 @@ SUM = State("sum")
 MEAN = State("mean")
 
 
-def rows(lead: int = 1) -> State:
-    return State("rows", lead)
+def rows(lead: int = 1, per: int = 1) -> State:
+    return State("rows", lead, per)
 
 
-ArgsFn = Callable[[tuple, dict, int], tuple[tuple, dict]]
+def is_rows(state: State | None, lead: int | None = None) -> bool:
+    return state is not None and state.kind == "rows" and (lead is None or state.lead == lead)
+
+
+def units(shape, state: State) -> int:
+    """The site's unit count ``N`` seen from a value split by rows in ``state``."""
+    return math.prod(int(x) for x in shape[: state.lead]) // state.per
+
+
+def rows_of(shape, count: int) -> State | None:
+    """The ``rows`` state of a value of ``shape`` in a site of ``count`` units: the fewest leading
+    dims whose sizes multiply to a multiple of ``count`` (None when none do)."""
+    product = 1
+    for lead, size in enumerate(shape, start=1):
+        product *= int(size)
+        if product and product % count == 0:
+            return rows(lead, product // count)
+    return None
+
+
+ArgsFn = Callable[[tuple, dict, int], tuple[tuple, dict]]  # (args, kwargs, units in the chunk)
 
 
 @dataclass(frozen=True)
@@ -69,6 +98,9 @@ class Split:
     outputs: tuple[State, ...]
     args: ArgsFn | None = None
     addmm: bool = False
+    target: Any = None  # the op each chunk runs instead of the original (``mean`` as a ``sum``)
+    divide: int = 1  # ``sum`` outputs: the combined total is divided by this (a mean's count)
+    barrier: Any = None  # a two-pass op (:mod:`remat.capture.split_barriers`): how its passes run
 
 
 # A tensor argument's state (None for anything else). A value from outside the site is read by rows
@@ -114,10 +146,10 @@ def _pointwise(node, state_of):
     if not isinstance(out, torch.Tensor):
         return None
     states = [(a, state_of(a)) for a in _tensor_args(node)]
-    leads = {s.lead for _, s in states if s is not None and s.kind == "rows"}
+    leads = {(s.lead, s.per) for _, s in states if s is not None and s.kind == "rows"}
     if len(leads) != 1 or any(s is None or s.kind not in ("rows", "whole") for _, s in states):
         return None
-    (lead,) = leads
+    ((lead, per),) = leads
     for a, s in states:
         v = val(a)
         if s.kind == "rows":
@@ -129,21 +161,38 @@ def _pointwise(node, state_of):
                 return None  # the chunk has fewer dims than the output: it would need a reshape
             if any(v.shape[i - offset] != 1 for i in range(lead) if i - offset >= 0):
                 return None
-    return Split((rows(lead),))
+    return Split((rows(lead, per),))
 
 
-def _transpose_2d(node, state_of):
-    """``t`` (or ``transpose(0, 1)``) of a 2-D tensor swaps rows and cols."""
+def _transpose(node, state_of):
+    """``t`` (or ``transpose(0, 1)``) of a 2-D tensor swaps rows and cols; a transpose of two dims
+    after the row dims keeps the rows (the chunk's call names the chunk's dims)."""
     s = state_of(node.args[0])
-    if val(node.args[0]).dim() != 2 or s is None:
+    ndim = val(node.args[0]).dim()
+    if s is None:
         return None
-    if node.target is aten.transpose.int and {d % 2 for d in node.args[1:3]} != {0, 1}:
+    dims = (0, 1) if node.target is aten.t.default else tuple(d % ndim for d in node.args[1:3])
+    if is_rows(s) and min(dims) >= s.lead:
+        return Split((s,), args=lambda a, kw, n: ((a[0], *(d - s.lead + 1 for d in dims)), kw))
+    if ndim != 2 or set(dims) != {0, 1}:
         return None
-    if s == rows(1):
-        return Split((COLS,))
-    if s == COLS:
-        return Split((rows(1),))
+    if is_rows(s, 1):
+        return Split((State("cols", 1, s.per),))
+    if s.kind == "cols":
+        return Split((rows(1, s.per),))
     return None
+
+
+def _unsqueeze_squeeze(node, state_of):
+    """``unsqueeze(x, d)`` / ``squeeze(x, d)`` at a dim after the row dims."""
+    s = state_of(node.args[0])
+    ndim = val(node).dim() if node.target is aten.unsqueeze.default else val(node.args[0]).dim()
+    if not is_rows(s) or len(node.args) < 2 or not isinstance(node.args[1], int):
+        return None
+    dim = node.args[1] % ndim
+    if dim < s.lead:
+        return None
+    return Split((s,), args=_with_arg(1, lambda n: dim - s.lead + 1))
 
 
 def leading_rows(shape, count: int) -> int | None:
@@ -162,32 +211,62 @@ def _view(node, state_of):
     """A reshape that keeps the rows as leading dims: each chunk is reshaped alike."""
     s = state_of(node.args[0])
     src, out = val(node.args[0]), val(node)
-    if s is None or s.kind != "rows" or not src.is_contiguous():
+    if not is_rows(s):
         return None
-    count = math.prod(int(x) for x in src.shape[: s.lead])
-    lead = leading_rows(out.shape, count)
-    if lead is None:
+    if tuple(out.shape[: s.lead]) == tuple(src.shape[: s.lead]):  # only the dims after the rows change
+        rest = [int(x) for x in out.shape[s.lead:]]
+        return Split((s,), args=_with_arg(1, lambda n: [n * s.per, *rest]))
+    if not src.is_contiguous():
         return None
-    rest = [int(x) for x in out.shape[lead:]]
-    return Split((rows(lead),), args=_with_arg(1, lambda n: [n, *rest]))
+    # the chunk of units [a, b) is the same run of elements of both (contiguous, same order)
+    o = rows_of(out.shape, units(src.shape, s))
+    if o is None:
+        return None
+    rest = [int(x) for x in out.shape[o.lead:]]
+    return Split((o,), args=_with_arg(1, lambda n: [n * o.per, *rest]))
 
 
 def _mm(node, state_of):
     a = state_of(node.args[0])
-    if a == rows(1) and state_of(node.args[1], whole=True) == WHOLE:
-        return Split((rows(1),))
-    if a == COLS and state_of(node.args[1]) == rows(1):  # contracts over the rows: a weight's gradient
+    if is_rows(a, 1) and state_of(node.args[1], whole=True) == WHOLE:
+        return Split((a,))
+    b = state_of(node.args[1])
+    if a is not None and a.kind == "cols" and is_rows(b, 1) and b.per == a.per:  # over the rows: a weight's gradient
         return Split((SUM,), addmm=True)
-    if state_of(node.args[1]) == COLS and state_of(node.args[0], whole=True) == WHOLE:
-        return Split((COLS,))
+    if b is not None and b.kind == "cols" and state_of(node.args[0], whole=True) == WHOLE:
+        return Split((b,))
     return None
 
 
 def _addmm(node, state_of):
     bias, a, b = state_of(node.args[0], whole=True), state_of(node.args[1]), state_of(node.args[2], whole=True)
-    if bias == WHOLE and val(node.args[0]).dim() <= 1 and a == rows(1) and b == WHOLE:
-        return Split((rows(1),))
+    if bias == WHOLE and val(node.args[0]).dim() <= 1 and is_rows(a, 1) and b == WHOLE:
+        return Split((a,))
     return None
+
+
+def _batch_wise(node, state_of):
+    """An op independent over dim 0 of every tensor it reads and makes (a batched matmul, attention
+    over batch and heads, a convolution's or pooling's batch): every input split by rows of one
+    dim, alike; weights (``whole``) allowed where ``_WHOLE_ARGS`` names them."""
+    whole_at = _WHOLE_ARGS.get(node.target, ())
+    state = None
+    for i, arg in enumerate(node.args):
+        if not isinstance(val(arg), torch.Tensor):
+            continue
+        s = state_of(arg, whole=i in whole_at)
+        if i in whole_at:
+            if s != WHOLE:
+                return None
+            continue
+        if not is_rows(s, 1) or (state is not None and s != state):
+            return None
+        state = s
+    if state is None or any(isinstance(val(v), torch.Tensor) for v in node.kwargs.values()):
+        return None
+    out = val(node)
+    count = len(out) if isinstance(out, (tuple, list)) else 1
+    return Split((state,) * count)
 
 
 def _row_wise_over(node, inputs, dim_index: int) -> Split | None:
@@ -216,7 +295,7 @@ def _nll_loss_forward(node, state_of):
     """``nll_loss_forward(log_probs [N, C], target [N], weight, reduction, ignore_index)``: the
     chunks sum their rows' losses and total weights; ``mean`` divides the two sums."""
     x, target, weight = node.args[0], node.args[1], node.args[2]
-    if state_of(x) != rows(1) or state_of(target) != rows(1) or val(x).dim() != 2:
+    if not is_rows(state_of(x), 1) or state_of(target) != state_of(x) or val(x).dim() != 2:
         return None
     if weight is not None and state_of(weight, whole=True) != WHOLE:
         return None
@@ -232,13 +311,14 @@ def _nll_loss_backward(node, state_of):
     """``nll_loss_backward(grad, log_probs, target, weight, reduction, ignore_index, total_weight)``:
     row by row, given the whole step's total weight."""
     grad, x, target, weight, reduction, _ignore, total = node.args[:7]
-    if state_of(x) != rows(1) or state_of(target) != rows(1) or state_of(total, whole=True) != WHOLE:
+    s = state_of(x)
+    if not is_rows(s, 1) or state_of(target) != s or state_of(total, whole=True) != WHOLE:
         return None
     if weight is not None and state_of(weight, whole=True) != WHOLE:
         return None
-    if state_of(grad, whole=reduction != 0) != (rows(1) if reduction == 0 else WHOLE):
+    if state_of(grad, whole=reduction != 0) != (s if reduction == 0 else WHOLE):
         return None
-    return Split((rows(1),))
+    return Split((s,))
 
 
 def _layer_norm(node, state_of):
@@ -266,17 +346,77 @@ def _layer_norm_backward(node, state_of):
 
 
 def _sum_over_rows(node, state_of):
-    """``sum(x, dims)`` over exactly the row dims (a bias's gradient): a sum of the chunks' sums."""
+    """``sum(x, dims)`` / ``mean(x, dims)`` over every row dim (and maybe others: a bias's gradient,
+    a mean loss): the chunks' sums add up; a mean divides the total by the count it averages."""
     s = state_of(node.args[0])
-    if s is None or s.kind != "rows":
+    if not is_rows(s):
         return None
-    ndim = val(node.args[0]).dim()
-    if node.target is aten.sum.default:
-        return Split((SUM,))
-    dims = sorted({d % ndim for d in node.args[1]})
-    if dims != list(range(s.lead)):
+    x = val(node.args[0])
+    ndim = x.dim()
+    mean = node.target in (aten.mean.default, aten.mean.dim)
+    if node.target in (aten.sum.default, aten.mean.default):
+        if node.kwargs.get("dtype") is not None:
+            return None
+        return Split((SUM,), target=aten.sum.default if mean else None, divide=x.numel() if mean else 1)
+    dims = sorted({d % ndim for d in (node.args[1] if len(node.args) > 1 and node.args[1] else range(ndim))})
+    if not set(range(s.lead)) <= set(dims) or node.kwargs:
         return None
-    return Split((SUM,), args=_with_arg(1, lambda n: [0]))
+    chunk_dims = [0, *(d - s.lead + 1 for d in dims if d >= s.lead)]
+    count = math.prod(int(x.shape[d]) for d in dims) if mean else 1
+
+    def args_fn(args, kwargs, n):
+        return (args[0], chunk_dims, *args[2:]), kwargs
+    return Split((SUM,), args=args_fn, target=aten.sum.dim_IntList if mean else None, divide=count)
+
+
+# batch-wise ops: the positions of the arguments read whole (weights); every other tensor by rows
+_WHOLE_ARGS: dict[Any, tuple[int, ...]] = {
+    aten.bmm.default: (),
+    aten._scaled_dot_product_flash_attention_for_cpu.default: (),
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: (),
+    aten.convolution.default: (1, 2),
+    aten.convolution_backward.default: (2,),
+    aten.max_pool2d_with_indices.default: (),
+    aten.max_pool2d_with_indices_backward.default: (),
+    aten.avg_pool2d.default: (),
+    aten.avg_pool2d_backward.default: (),
+    aten._adaptive_avg_pool2d.default: (),
+    aten._adaptive_avg_pool2d_backward.default: (),
+}
+
+
+def _cat(node, state_of):
+    """``cat(tensors, dim)`` along a dim after the row dims of inputs split alike."""
+    states = [state_of(t) for t in node.args[0]]
+    s = states[0]
+    dim = (node.args[1] if len(node.args) > 1 else 0) % val(node).dim()
+    if not is_rows(s) or any(t != s for t in states) or dim < s.lead:
+        return None
+    return Split((s,), args=lambda a, kw, n: ((a[0], dim - s.lead + 1), kw))
+
+
+def _split(node, state_of):
+    """``split(x, size, dim)`` / ``split_with_sizes`` along a dim after the row dims."""
+    s = state_of(node.args[0])
+    dim = (node.args[2] if len(node.args) > 2 else 0) % val(node.args[0]).dim()
+    if not is_rows(s) or dim < s.lead:
+        return None
+    return Split((s,) * len(val(node)), args=lambda a, kw, n: ((a[0], a[1], dim - s.lead + 1), kw))
+
+
+def _convolution_backward(node, state_of):
+    """``convolution_backward``: the input's gradient by rows, the weight's and bias's summed."""
+    split = _batch_wise(node, state_of)
+    return None if split is None else Split((split.outputs[0], SUM, SUM))
+
+
+def _attention(node, state_of):
+    """Attention kernels over ``[batch, heads, tokens, dim]``: batch-wise without dropout (a chunk
+    would draw other numbers) and without a mask (not split with the rows)."""
+    dropout = node.args[3] if node.target is aten._scaled_dot_product_flash_attention_for_cpu.default else node.args[6]
+    if dropout or node.kwargs.get("attn_mask") is not None:
+        return None
+    return _batch_wise(node, state_of)
 
 
 RULES: dict[Any, Rule] = {
@@ -284,8 +424,13 @@ RULES: dict[Any, Rule] = {
     aten.alias.default: _same,
     aten.clone.default: _same,
     aten._to_copy.default: _same,
-    aten.t.default: _transpose_2d,
-    aten.transpose.int: _transpose_2d,
+    aten.t.default: _transpose,
+    aten.transpose.int: _transpose,
+    aten.unsqueeze.default: _unsqueeze_squeeze,
+    aten.cat.default: _cat,
+    aten.split.Tensor: _split,
+    aten.split_with_sizes.default: _split,
+    aten.squeeze.dim: _unsqueeze_squeeze,
     aten.view.default: _view,
     aten._unsafe_view.default: _view,
     aten.reshape.default: _view,
@@ -301,6 +446,14 @@ RULES: dict[Any, Rule] = {
     aten.native_layer_norm_backward.default: _layer_norm_backward,
     aten.sum.dim_IntList: _sum_over_rows,
     aten.sum.default: _sum_over_rows,
+    aten.mean.dim: _sum_over_rows,
+    aten.mean.default: _sum_over_rows,
+    aten.convolution_backward.default: _convolution_backward,
+    aten._scaled_dot_product_flash_attention_for_cpu.default: _attention,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _attention,
+    **{op: _batch_wise for op in _WHOLE_ARGS if op not in (
+        aten.convolution_backward.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward.default)},
 }
 
 
@@ -311,13 +464,14 @@ def rule_for(node: fx.Node) -> Rule | None:
     if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
         return None
     tags = getattr(target, "tags", ())
+    if target in RULES:  # attention kernels are tagged random: their rule splits them without dropout only
+        return RULES[target]
     if torch.Tag.nondeterministic_seeded in tags:
         return None
-    if target in RULES:
-        return RULES[target]
     if torch.Tag.pointwise in tags and not target._schema.is_mutable:
         return _pointwise
     return None
 
 
-__all__ = ["State", "Split", "COLS", "WHOLE", "SUM", "MEAN", "rows", "leading_rows", "rule_for", "val", "RULES"]
+__all__ = ["State", "Split", "COLS", "WHOLE", "SUM", "MEAN", "rows", "rows_of", "is_rows", "units", "leading_rows",
+           "rule_for", "val", "RULES"]
