@@ -162,11 +162,12 @@ def _batch_norm(node, state_of):
 def _batch_norm_backward(node, state_of):
     """``native_batch_norm_backward(grad, x, w, running_mean, running_var, save_mean, save_invstd,
     train, eps, mask)`` in training, with the input's gradient asked for."""
-    grad, x, weight, _rm, _rv, mean, invstd, train, _eps, mask = node.args[:10]
+    grad, x, weight, running_mean, running_var, mean, invstd, train, _eps, mask = node.args[:10]
     s = _affine_float(x, weight, weight, state_of)
-    if s is None or not train or not mask[0] or state_of(grad) != s:
+    if s is None or not train or not mask[0] or state_of(grad) != s or mean is None or invstd is None:
         return None
-    if mean is None or invstd is None or any(state_of(t, whole=True) != WHOLE for t in (mean, invstd)):
+    stats = [t for t in (running_mean, running_var, mean, invstd) if t is not None]
+    if any(state_of(t, whole=True) != WHOLE for t in stats):
         return None
     return Split((s, STAT, STAT), barrier=BATCH_NORM_BACKWARD)
 
