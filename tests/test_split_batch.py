@@ -14,6 +14,7 @@ import remat
 from remat.api import capture_and_plan
 from remat.budget import fixed_bytes, fraction_to_bytes
 from remat.measure import measure_step
+from remat.models.small import MHABlock, SDPABlock
 from remat.simulate import peak_lower_bound
 
 MiB = 2**20
@@ -34,41 +35,6 @@ class ConvBN(nn.Module):
         x = self.pool(self.stem(x))
         x = F.relu(x + self.block(x))
         return F.cross_entropy(self.head(F.adaptive_avg_pool2d(x, 1).flatten(1)), target)
-
-
-class SDPABlock(nn.Module):
-    """A pre-norm transformer block with ``scaled_dot_product_attention`` (causal) and an MLP."""
-
-    def __init__(self, d=64, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
-                   for z in self.qkv(self.norm1(x)).split(d, -1))
-        x = x + self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d))
-        x = x + self.down(F.gelu(self.up(self.norm2(x))))
-        return x.square().mean()
-
-
-class MHABlock(nn.Module):
-    """``nn.MultiheadAttention`` (its weights materialised: the math path) and an MLP."""
-
-    def __init__(self, d=64, heads=4):
-        super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        y = self.norm1(x)
-        x = x + self.attn(y, y, y)[0]
-        x = x + self.down(F.gelu(self.up(self.norm2(x))))
-        return x.square().mean()
 
 
 def _conv_bn():

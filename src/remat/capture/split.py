@@ -176,6 +176,9 @@ class _Grower:
         inside = self.site.splits.keys() | self.site.states.keys()
         internal = exits = 0
         for v, s in self.site.states.items():
+            if s.split and any(u not in inside for u in v.users) and (
+                    s.kind == "rows" and s.lead > 1 and not val(v).is_contiguous() or _memory_order(val(v)) is None):
+                return None  # read outside in a layout its concatenation would not have
             if s.split and _nbytes(v) >= self.large and not _is_view_like(v):
                 if all(u in inside for u in v.users):
                     internal += _nbytes(v)
@@ -188,6 +191,13 @@ class _Grower:
         if _order(list(self.site.seed.graph.nodes), [self.site], self.forward) is None:
             return None  # its stages and the ops between them would wait on each other
         return self.site
+
+
+def _memory_order(v: torch.Tensor) -> list[int] | None:
+    """The dims of ``v`` from outermost to innermost in memory, when ``v`` is a permutation of a
+    contiguous tensor (None otherwise)."""
+    perm = sorted(range(v.dim()), key=lambda d: (-v.stride(d), d))
+    return perm if v.permute(perm).is_contiguous() else None
 
 
 def _rule(node: fx.Node):
@@ -382,6 +392,17 @@ class _Rewriter:
             previous = totals.get(node)
             totals[node] = chunk if previous is None else self._call(aten.add.Tensor, (previous, chunk), meta_from=node)
 
+    def _concatenated(self, node: fx.Node, state: State) -> fx.Node:
+        """The chunks of a split value, whole again, laid out as the original (an outside view may
+        rely on its strides): concatenated in the original's memory order, then permuted back."""
+        dim = 0 if state.kind == "rows" else 1
+        perm = _memory_order(val(node)) if state.kind == "cols" or state.lead == 1 else None
+        if perm is None or perm == list(range(len(perm))):
+            return self._call(aten.cat.default, (self.chunks[node], dim), meta_from=node)
+        parts = [self._call(aten.permute.default, (c, perm)) for c in self.chunks[node]]
+        whole = self._call(aten.cat.default, (parts, perm.index(dim)))
+        return self._call(aten.permute.default, (whole, [perm.index(d) for d in range(len(perm))]), meta_from=node)
+
     def _total_weight(self, site: Site, op: fx.Node, totals: dict) -> fx.Node:
         """The summed total weight of a split ``nll_loss_forward`` (its output 1)."""
         for user in op.users:
@@ -403,8 +424,7 @@ class _Rewriter:
             if state.split:
                 if all(u in site.states or u in site.splits for u in node.users):
                     continue
-                dim = 0 if state.kind == "rows" else 1
-                whole = self._call(aten.cat.default, (self.chunks[node], dim), meta_from=node)
+                whole = self._concatenated(node, state)
             elif state == SUM:
                 whole = totals[node]
                 op = node.args[0] if node.target is operator.getitem else node

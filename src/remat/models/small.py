@@ -16,6 +16,10 @@ to get right:
   Parameter used twice); takes ``input_ids`` and ``targets``, returns the scalar loss.
 - ``two_outputs``: returns ``(logits, features)``, ``features`` being also the head's input;
   ``Example.loss`` weights them 1.0 and 0.5.
+
+Two transformer blocks are here as classes only (not in the zoo): :class:`SDPABlock`
+(``scaled_dot_product_attention``) and :class:`MHABlock` (``nn.MultiheadAttention``), each with an
+MLP, returning the mean square of their output (the split tests and benchmark use them).
 """
 
 from __future__ import annotations
@@ -109,6 +113,42 @@ class _MLPBlock(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return h + self.fc2(F.gelu(self.fc1(self.norm(h))))
+
+
+class SDPABlock(nn.Module):
+    """A pre-norm transformer block: causal ``scaled_dot_product_attention`` and a GELU MLP;
+    ``forward(x)`` returns the mean square of the block's output (a scalar loss)."""
+
+    def __init__(self, dim: int = 64, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = _MLPBlock(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for z in self.qkv(self.norm1(x)).split(d, -1))
+        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attention.transpose(1, 2).reshape(b, t, d))
+        return self.mlp(x).square().mean()
+
+
+class MHABlock(nn.Module):
+    """``nn.MultiheadAttention`` (batch first; its averaged weights asked for, so the math path
+    materialises the ``[batch * heads, tokens, tokens]`` scores) and a GELU MLP; returns the mean
+    square of the block's output."""
+
+    def __init__(self, dim: int = 64, heads: int = 4):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.mlp = _MLPBlock(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(x)
+        return self.mlp(x + self.attn(y, y, y)[0]).square().mean()
 
 
 class TiedLM(nn.Module):
