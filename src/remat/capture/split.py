@@ -281,6 +281,7 @@ def find_sites(joint: fx.GraphModule, num_fwd_outputs: int) -> list[Site]:
             best = max(grown, key=lambda site: (site.gain, site.rows))
             sites.append(best)
             taken.update(best.states)
+            taken.update(best.splits)  # multi-output ops too: their values are their getitems
     return sites
 
 
