@@ -111,3 +111,30 @@ def test_attention_splits_by_sequence_and_heads():
     plan, _ = capture_and_plan(_mha()[0], *_mha()[1], split=2, cache=False)
     # the math path's scores split over batch x heads (its projections run sequence-major)
     assert any("over 24 rows" in s and "_softmax" in s and "bmm" in s for s in plan.info["split"]["sites"])
+
+
+def test_smallest_split_plan_of_a_batchnorm_cnn_runs_exactly():
+    """Its lowered backward reads saved values named x_18 and x_19 after recomputing x_18: every
+    placeholder must keep its own argument name (FX renames a clashing placeholder but not its
+    target; two placeholders then bound one variable and gradients came out silently wrong)."""
+    from remat import models as zoo
+
+    ex = zoo.build("cnn_bn", size="small")
+
+    class WithLoss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = ex.model
+
+        def forward(self, x):
+            return ex.loss(self.model(x))
+
+    model, (x,) = WithLoss(), ex.args
+    eager_loss, eager = _grads(copy.deepcopy(model), x)
+    # the flops cost model: a plan independent of measured times (this one met the clash)
+    wrapped = remat.optimize(copy.deepcopy(model), x, budget="min", solver="keep_set", split=16, cost_model="flops",
+                             cache=False)
+    assert wrapped.plan.recomputations > 0 and wrapped.plan.info["split"]["chunks"] == 16
+    loss, grads = _grads(wrapped, x)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=0)
+    _close(grads, eager, rtol=1e-4, atol=1e-5)

@@ -358,6 +358,7 @@ def compile(
     buckets: list[int] | None = None,
     calibrate: bool = True,
     example_kwargs: dict | None = None,
+    split="auto",
     **compile_kwargs,
 ) -> RematModule:
     """``torch.compile`` with Inductor, remat planning the training step: Inductor's fused kernels
@@ -374,18 +375,21 @@ def compile(
     and one compilation with Inductor's dynamic-shape kernels, which every size of the bucket runs
     (guarded: a size outside it compiles the next bucket). Such buckets plan recomputation only: the
     offloading solvers' copies are written for one size.
+
+    ``split`` as in :func:`optimize`: ``"auto"`` splits the largest ops into 2, 4, ... chunks only
+    where no plan of the step as captured fits (the fewest chunks that plan); an int forces that many.
     """
     if not example_args and not example_kwargs:
         _warn_if_not_training(model)
         check_materialized(model)
         remat_options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
                              time_limit=time_limit, solver_options=solver_options or {}, cache=cache,
-                             offload_dir=offload_dir, buckets=buckets)
+                             offload_dir=offload_dir, buckets=buckets, split=split)
         return RematModule(model, remat_options, compiler="inductor", mode=mode, inductor_options=options,
                            compile_kwargs=compile_kwargs)
     wrapped = optimize(model, *example_args, budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
                        time_limit=time_limit, solver_options=solver_options, cache=cache, offload_dir=offload_dir,
-                       buckets=buckets, compiler="inductor",
+                       buckets=buckets, compiler="inductor", split=split,
                        mode=mode, inductor_options=options, calibrate=calibrate, compile_kwargs=compile_kwargs,
                        **(example_kwargs or {}))
     return wrapped

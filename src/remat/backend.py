@@ -22,7 +22,7 @@ from torch._dynamo.backends.common import aot_autograd
 from .budget import bytes_to_fraction, fixed_bytes, is_fraction, is_min
 from .capture import capture_joint, joint_device
 from .capture.shapes import is_dynamic
-from .capture.split import find_sites, split_joint
+from .capture.split import SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_joint
 from .cost import make_cost_fn, make_workspace_fn
 from .errors import InfeasibleBudgetError, RematError, through_dynamo
 from .execute.buckets import BucketedStep, dispatching_graphs
@@ -84,12 +84,7 @@ def make_partition_fn(opts: BackendOptions):
     return partition_fn
 
 
-SPLIT_FACTORS = (2, 4, 8, 16, 32)  # the chunk counts split="auto" tries, fewest first
 MIN_GAIN = 0.02  # budget="min": a larger split factor must lower the peak by this fraction to be tried further
-# a split step repeats its chunks' ops k times: auto's exact and hybrid searches take minutes on it
-# (a 4-chunk BatchNorm CNN of 314 nodes: 66 s), keep_set's DP seconds at a cost within a point of
-# auto's (2.7% against 2.1% overhead there); auto runs in full only where keep_set cannot fit
-SPLIT_FIRST_SOLVER = "keep_set"
 
 
 def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts: BackendOptions):

@@ -183,6 +183,24 @@ def _transpose(node, state_of):
     return None
 
 
+def _permute(node, state_of):
+    """``permute``: ``[1, 0]`` of a 2-D tensor swaps rows and cols; a permutation keeping the row
+    dims in place keeps the rows."""
+    s = state_of(node.args[0])
+    ndim = val(node.args[0]).dim()
+    perm = [d % ndim for d in node.args[1]]
+    if s is None:
+        return None
+    if is_rows(s) and perm[: s.lead] == list(range(s.lead)):
+        chunk_perm = [0, *(d - s.lead + 1 for d in perm[s.lead:])]
+        return Split((s,), args=_with_arg(1, lambda n: chunk_perm))
+    if ndim == 2 and perm == [1, 0] and is_rows(s, 1):
+        return Split((State("cols", 1, s.per),))
+    if ndim == 2 and perm == [1, 0] and s.kind == "cols":
+        return Split((rows(1, s.per),))
+    return None
+
+
 def _unsqueeze_squeeze(node, state_of):
     """``unsqueeze(x, d)`` / ``squeeze(x, d)`` at a dim after the row dims."""
     s = state_of(node.args[0])
@@ -359,6 +377,8 @@ def _sum_over_rows(node, state_of):
             return None
         return Split((SUM,), target=aten.sum.default if mean else None, divide=x.numel() if mean else 1)
     dims = sorted({d % ndim for d in (node.args[1] if len(node.args) > 1 and node.args[1] else range(ndim))})
+    if min(dims) >= s.lead:  # within each row
+        return _reduce_within_rows(node, state_of)
     if not set(range(s.lead)) <= set(dims) or node.kwargs:
         return None
     chunk_dims = [0, *(d - s.lead + 1 for d in dims if d >= s.lead)]
@@ -419,6 +439,28 @@ def _attention(node, state_of):
     return _batch_wise(node, state_of)
 
 
+def _reduce_within_rows(node, state_of):
+    """A reduction (``sum``, ``mean``, ``amax``, ``amin``, ``var``, ``var_mean``) over dims after the
+    row dims: row by row (the chunk's call names the chunk's dims)."""
+    s = state_of(node.args[0])
+    ndim = val(node.args[0]).dim()
+    given = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if not is_rows(s) or not given or any(isinstance(v, torch.fx.Node) for v in node.kwargs.values()):
+        return None
+    dims = [d % ndim for d in given]
+    if min(dims) < s.lead:
+        return None
+    shifted = [d - s.lead + 1 for d in dims]
+    out = val(node)
+    count = len(out) if isinstance(out, (tuple, list)) else 1
+
+    def args_fn(args, kwargs, n):
+        if len(args) > 1:
+            return (args[0], shifted, *args[2:]), kwargs
+        return args, {**kwargs, "dim": shifted}
+    return Split((s,) * count, args=args_fn)
+
+
 RULES: dict[Any, Rule] = {
     aten.detach.default: _same,
     aten.alias.default: _same,
@@ -426,6 +468,7 @@ RULES: dict[Any, Rule] = {
     aten._to_copy.default: _same,
     aten.t.default: _transpose,
     aten.transpose.int: _transpose,
+    aten.permute.default: _permute,
     aten.unsqueeze.default: _unsqueeze_squeeze,
     aten.cat.default: _cat,
     aten.split.Tensor: _split,
@@ -448,6 +491,10 @@ RULES: dict[Any, Rule] = {
     aten.sum.default: _sum_over_rows,
     aten.mean.dim: _sum_over_rows,
     aten.mean.default: _sum_over_rows,
+    aten.amax.default: _reduce_within_rows,
+    aten.amin.default: _reduce_within_rows,
+    aten.var_mean.correction: _reduce_within_rows,
+    aten.var.correction: _reduce_within_rows,
     aten.convolution_backward.default: _convolution_backward,
     aten._scaled_dot_product_flash_attention_for_cpu.default: _attention,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _attention,

@@ -186,6 +186,9 @@ class _Lowering:
             src = self.fwd_rng[key[1]]
         with self.bwd.inserting_before(self.first_tangent):
             ph = self.bwd.placeholder(self._key_name(key))
+        # FX renames a placeholder whose name a node already has (x_18 -> x_19) but keeps its target,
+        # the argument's name in the generated code: two placeholders could then bind one variable
+        ph.target = ph.name
         ph.meta.update(src.meta)
         self.saved_placeholder[key] = ph
         self.saved_order.append((key, src))
@@ -218,6 +221,7 @@ class _Lowering:
             key = ("size", src)
             with self.bwd.inserting_before(self.first_tangent):
                 ph = self.bwd.placeholder(f"size_{src.name}")
+            ph.target = ph.name  # as in _saved: one argument name per placeholder
             ph.meta.update(src.meta)
             self.saved_placeholder[key] = ph
             self.saved_order.append((key, src))

@@ -88,6 +88,7 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from ..budget import is_fraction
 from ..capture import capture_joint, joint_device
+from ..capture.split import SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_joint
 from ..capture.shapes import bucket_key, concrete_joint, guard_bucket, is_dynamic, name_bucket, refuse_unless_monotone
 from ..cost import INDUCTOR_COST_MODEL, make_cost_fn, make_workspace_fn
 from ..errors import CaptureError, InfeasibleBudgetError
@@ -210,29 +211,30 @@ class RematPartitioner(CustomPartitionerFn):
         # a graph with symbolic sizes is planned at its bucket's edge, and lowered with its symbolic sizes
         planned_gm = gm if bucket is None else concrete_joint(gm, bucket)
         costs = InductorCostModel(device) if opts.cost_model == "inductor" else None
-        capture = capture_joint(
-            planned_gm, num_fwd_outputs,
-            cost_fn=costs.node_seconds if costs else make_cost_fn(opts.cost_model, device),
-            workspace_fn=make_workspace_fn(opts.workspace),
-            transfer=compiled_transfer_meta(device) if opts.solver in OFFLOADING_SOLVERS else None,
-        )
-        fused = fuse(capture, kernel_seconds=costs.kernel_seconds if costs else None)
-        may_offload = opts.solver == "auto" and opts.plan is None and bucket is None
-        if may_offload and is_min(opts.budget):  # the smallest peak, offloading included
-            fused = with_transfer_costs(fused, compiled_transfer_meta(device))
+        split = opts.split if bucket is None and opts.plan is None else "off"  # a dynamic capture is not split
+        sites = find_sites(planned_gm, num_fwd_outputs) if isinstance(split, int) and split > 1 else []
+        chunks = split if sites else None
         try:
-            plan = self._plan(fused, bucket=bucket)
-        except InfeasibleBudgetError as err:
-            if not may_offload or uses_swaps(fused.graph):
-                if bucket is not None:
-                    self.refused[(key, self.bucket_budget_bytes)] = name_bucket(err, key)
+            capture, fused, plan = self._capture_and_plan(
+                split_joint(planned_gm, num_fwd_outputs, sites, chunks) if chunks else planned_gm,
+                num_fwd_outputs, device, costs, bucket, key, split_step=bool(chunks))
+        except InfeasibleBudgetError as refused:
+            sites = find_sites(planned_gm, num_fwd_outputs) if split == "auto" and opts.solver == "auto" else []
+            if not sites:
                 raise
-            # below what recomputation reaches: auto offloads too (its error then names that minimum)
-            fused = with_transfer_costs(fused, compiled_transfer_meta(device))
-            plan = self._plan(fused, reuse_rounds=OFFLOAD_TRY_REUSE_ROUNDS)
-        else:
-            if may_offload and not uses_swaps(fused.graph):
-                fused, plan = self._offload_if_much_cheaper(fused, plan, device)
+            # below the step's floor as captured: its largest ops split into 2, 4, ... chunks, the fewest that plan
+            for chunks in SPLIT_FACTORS:
+                try:
+                    capture, fused, plan = self._capture_and_plan(
+                        split_joint(planned_gm, num_fwd_outputs, sites, chunks), num_fwd_outputs, device, costs,
+                        bucket, key, split_step=True)
+                    break
+                except InfeasibleBudgetError:
+                    continue
+            else:
+                raise refused
+        if chunks:
+            plan.info["split"] = {"chunks": chunks, "sites": [site.describe() for site in sites]}
         if bucket is not None:
             plan.info["bucket"] = dict(key)
             _symbolic_again(gm, planned_gm)
@@ -249,6 +251,41 @@ class RematPartitioner(CustomPartitionerFn):
         plan.info["partition_seconds"] = time.perf_counter() - started  # captured, planned, lowered
         return graphs
 
+    def _capture_and_plan(self, planned_gm, num_fwd_outputs, device, costs, bucket, key, split_step=False):
+        """Capture, fuse and plan one joint graph: (capture, fused graph, plan). Auto offloads below
+        what recomputation reaches, or where that is much cheaper."""
+        opts = self.options
+        capture = capture_joint(
+            planned_gm, num_fwd_outputs,
+            cost_fn=costs.node_seconds if costs else make_cost_fn(opts.cost_model, device),
+            workspace_fn=make_workspace_fn(opts.workspace),
+            transfer=compiled_transfer_meta(device) if opts.solver in OFFLOADING_SOLVERS else None,
+        )
+        fused = fuse(capture, kernel_seconds=costs.kernel_seconds if costs else None)
+        may_offload = opts.solver == "auto" and opts.plan is None and bucket is None
+        if may_offload and is_min(opts.budget):  # the smallest peak, offloading included
+            fused = with_transfer_costs(fused, compiled_transfer_meta(device))
+        try:
+            plan = None
+            if split_step and opts.solver == "auto" and not is_min(opts.budget):  # seconds, where auto takes minutes
+                try:
+                    plan = self._plan(fused, bucket=bucket, solver=SPLIT_FIRST_SOLVER)
+                except InfeasibleBudgetError:
+                    pass
+            plan = plan or self._plan(fused, bucket=bucket)
+        except InfeasibleBudgetError as err:
+            if not may_offload or uses_swaps(fused.graph):
+                if bucket is not None:
+                    self.refused[(key, self.bucket_budget_bytes)] = name_bucket(err, key)
+                raise
+            # below what recomputation reaches: auto offloads too (its error then names that minimum)
+            fused = with_transfer_costs(fused, compiled_transfer_meta(device))
+            plan = self._plan(fused, reuse_rounds=OFFLOAD_TRY_REUSE_ROUNDS)
+        else:
+            if may_offload and not uses_swaps(fused.graph):
+                fused, plan = self._offload_if_much_cheaper(fused, plan, device)
+        return capture, fused, plan
+
     def _bucket(self, gm) -> dict:
         """``{symbol: edge}`` of the bucket of a joint graph with symbolic sizes, guarded so that
         only sizes in it run the graphs compiled from this one (:func:`remat.capture.shapes.guard_bucket`)."""
@@ -263,7 +300,7 @@ class RematPartitioner(CustomPartitionerFn):
         refuse_unless_monotone(gm, low, high)
         return high
 
-    def _plan(self, fused, reuse_rounds: int = SLACK_ROUNDS, bucket: dict | None = None):
+    def _plan(self, fused, reuse_rounds: int = SLACK_ROUNDS, bucket: dict | None = None, solver: str | None = None):
         """The plan of ``fused``'s graph at the budget less the margin (raised into the bytes
         Inductor writes in place where that fits, in at most ``reuse_rounds`` more plans). In a
         ``bucket``, a fraction budget gives the most bytes it has given any bucket so far (those of
@@ -285,7 +322,7 @@ class RematPartitioner(CustomPartitionerFn):
 
         def make(planning_budget):
             return plan_with_cache(
-                fused.graph, planning_budget, opts.solver, time_limit=opts.time_limit,
+                fused.graph, planning_budget, solver or opts.solver, time_limit=opts.time_limit,
                 solver_options=opts.solver_options, cost_model=opts.cost_model, cache=opts.cache,
             )
 
@@ -346,14 +383,14 @@ class RematPartitioner(CustomPartitionerFn):
 
 def partitioner(budget=None, solver: str = "auto", cost_model: Any = INDUCTOR_COST_MODEL, *, workspace: str = "measure",
                 time_limit: float | None = None, solver_options: dict | None = None, cache: bool = True,
-                on_plan=None, offload_dir: str | None = None) -> RematPartitioner:
+                on_plan=None, offload_dir: str | None = None, split="auto") -> RematPartitioner:
     """A ``CustomPartitionerFn`` for ``torch._inductor.config.custom_partitioner_fn``.
 
     Pass it with :data:`INDUCTOR_CONSTRAINTS` (see :func:`inductor_options`), which the memory model
     relies on. ``budget`` as in :func:`remat.optimize`; it applies to each graph Inductor compiles."""
     options = BackendOptions.from_dict(dict(
         budget=budget, solver=solver, cost_model=cost_model, workspace=workspace, time_limit=time_limit,
-        solver_options=solver_options or {}, cache=cache, on_plan=on_plan, offload_dir=offload_dir,
+        solver_options=solver_options or {}, cache=cache, on_plan=on_plan, offload_dir=offload_dir, split=split,
     ))
     return RematPartitioner(options)
 
