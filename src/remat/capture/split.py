@@ -103,6 +103,7 @@ class _Grower:
     def __init__(self, seed: fx.Node, count: int, forward: set[fx.Node], taken: set[fx.Node]):
         self.site = Site(rows=count, seed=seed)
         self.large = _nbytes(seed) * LARGE_FRACTION
+        self.closing = False  # paths out of the site and back have been taken in once
         self.forward, self.taken = forward, taken
 
     def _seen(self, value: fx.Node, state: State, consumer: fx.Node) -> State:
@@ -186,8 +187,8 @@ class _Grower:
             added |= self.try_add(target)
         return added
 
-    def grow(self) -> Site | None:
-        if not self.try_add(self.site.seed):
+    def grow(self, seeded: bool = False) -> Site | None:
+        if not seeded and not self.try_add(self.site.seed):
             return None
         changed = True
         while changed:
@@ -205,8 +206,15 @@ class _Grower:
                         continue
                     producer = arg.args[0] if arg.target is operator.getitem else arg
                     changed |= self.try_add(producer)
-            if not changed:
-                changed = self._close_paths()
+        site = self._checked()
+        if site is not None or self.closing:
+            return site
+        # not convex: take in the ops on paths that leave the site and come back, and grow again
+        self.closing = True
+        return self.grow(seeded=True) if self._close_paths() else None
+
+    def _checked(self) -> Site | None:
+        """The grown site, or None where it does not pay or cannot run as blocks (see grow)."""
         inside = self.site.splits.keys() | self.site.states.keys()
         internal = exits = 0
         for v, s in self.site.states.items():

@@ -201,6 +201,16 @@ def _permute(node, state_of):
     return None
 
 
+def _expand(node, state_of):
+    """``expand(x, sizes)`` that keeps the row dims (a mean's gradient spread over its window)."""
+    s = state_of(node.args[0])
+    src, out = val(node.args[0]), val(node)
+    if not is_rows(s) or src.dim() != out.dim() or tuple(src.shape[: s.lead]) != tuple(out.shape[: s.lead]):
+        return None
+    rest = [int(x) for x in out.shape[s.lead:]]
+    return Split((s,), args=_with_arg(1, lambda n: [n * s.per, *rest]))
+
+
 def _unsqueeze_squeeze(node, state_of):
     """``unsqueeze(x, d)`` / ``squeeze(x, d)`` at a dim after the row dims."""
     s = state_of(node.args[0])
@@ -469,6 +479,7 @@ RULES: dict[Any, Rule] = {
     aten.t.default: _transpose,
     aten.transpose.int: _transpose,
     aten.permute.default: _permute,
+    aten.expand.default: _expand,
     aten.unsqueeze.default: _unsqueeze_squeeze,
     aten.cat.default: _cat,
     aten.split.Tensor: _split,
