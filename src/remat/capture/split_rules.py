@@ -45,7 +45,7 @@ aten = torch.ops.aten
 
 @dataclass(frozen=True)
 class State:
-    kind: str  # "rows", "cols", "whole", "sum" or "mean"
+    kind: str  # "rows", "cols", "whole", "sum", "mean", or "stat" (a barrier's, split_barriers.py)
     lead: int = 1  # rows: how many leading dims flatten to the rows
     per: int = 1  # rows and cols: rows for each of the site's units
 
@@ -55,7 +55,6 @@ class State:
         return self.kind in ("rows", "cols")
 
 
-COLS = State("cols")
 WHOLE = State("whole")
 SUM = State("sum")
 MEAN = State("mean")
@@ -221,18 +220,6 @@ def _unsqueeze_squeeze(node, state_of):
     if dim < s.lead:
         return None
     return Split((s,), args=_with_arg(1, lambda n: dim - s.lead + 1))
-
-
-def leading_rows(shape, count: int) -> int | None:
-    """The smallest ``lead`` whose leading dims multiply to ``count`` (None when none does)."""
-    product = 1
-    for lead, size in enumerate(shape, start=1):
-        product *= int(size)
-        if product == count:
-            return lead
-        if product > count:
-            return None
-    return None
 
 
 def _view(node, state_of):
@@ -531,5 +518,5 @@ def rule_for(node: fx.Node) -> Rule | None:
     return None
 
 
-__all__ = ["State", "Split", "COLS", "WHOLE", "SUM", "MEAN", "rows", "rows_of", "is_rows", "units", "leading_rows",
+__all__ = ["State", "Split", "WHOLE", "SUM", "MEAN", "rows", "rows_of", "is_rows", "units",
            "rule_for", "val", "RULES"]
