@@ -123,7 +123,7 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
 
     def with_chunks(k, budget):
         planned = None
-        if opts.solver == "auto" and not is_min(budget):  # seconds where auto takes minutes (see above)
+        if opts.solver == "auto" and not is_min(budget):  # seconds where auto takes minutes (SPLIT_FIRST_SOLVER)
             try:
                 planned = plan(chunked(k).graph, budget, SPLIT_FIRST_SOLVER)
                 planned.info["chosen by"] = f"auto: {SPLIT_FIRST_SOLVER} first on a split step"
