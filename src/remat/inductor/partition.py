@@ -97,7 +97,7 @@ from ..execute.lowering import lower
 from ..execute.transfer import make_transfer_meta
 from ..solvers.cache import code_fingerprint, plan_with_cache
 from ..solvers.options import BackendOptions
-from ..solvers.planner import given_plan, is_min, resolve, store_all_plan, uses_swaps
+from ..solvers.planner import given_plan, is_min, quick_minimum, resolve, store_all_plan, uses_swaps
 from .cost import InductorCostModel
 from .fusion import (Fused, draw_random_per_reader, fuse,
                      recompute_light_values_per_reader)
@@ -223,14 +223,16 @@ class RematPartitioner(CustomPartitionerFn):
             if not sites:
                 raise
             # below the step's floor as captured: its largest ops split into 2, 4, ... chunks, the fewest that plan
-            for chunks in SPLIT_FACTORS:
+            for chunks in SPLIT_FACTORS:  # the fewest chunks whose quick plans fit, planned in full
                 try:
-                    capture, fused, plan = self._capture_and_plan(
-                        split_joint(planned_gm, num_fwd_outputs, sites, chunks), num_fwd_outputs, device, costs,
-                        bucket, key, split_step=True)
-                    break
+                    planned = self._capture_and_plan(split_joint(planned_gm, num_fwd_outputs, sites, chunks),
+                                                     num_fwd_outputs, device, costs, bucket, key, split_step=True,
+                                                     quick_only=True)
                 except InfeasibleBudgetError:
                     continue
+                if planned is not None:
+                    capture, fused, plan = planned
+                    break
             else:
                 raise refused
         if chunks:
@@ -251,9 +253,11 @@ class RematPartitioner(CustomPartitionerFn):
         plan.info["partition_seconds"] = time.perf_counter() - started  # captured, planned, lowered
         return graphs
 
-    def _capture_and_plan(self, planned_gm, num_fwd_outputs, device, costs, bucket, key, split_step=False):
+    def _capture_and_plan(self, planned_gm, num_fwd_outputs, device, costs, bucket, key, split_step=False,
+                          quick_only=False):
         """Capture, fuse and plan one joint graph: (capture, fused graph, plan). Auto offloads below
-        what recomputation reaches, or where that is much cheaper."""
+        what recomputation reaches, or where that is much cheaper. ``split_step``: a split step,
+        planned by ``SPLIT_FIRST_SOLVER`` first; ``quick_only``: None unless a quick plan fits."""
         opts = self.options
         capture = capture_joint(
             planned_gm, num_fwd_outputs,
@@ -262,6 +266,8 @@ class RematPartitioner(CustomPartitionerFn):
             transfer=compiled_transfer_meta(device) if opts.solver in OFFLOADING_SOLVERS else None,
         )
         fused = fuse(capture, kernel_seconds=costs.kernel_seconds if costs else None)
+        if quick_only and not self._quick_plan_fits(fused):
+            return None  # auto's full search on a split step takes minutes: only where a quick plan fits
         may_offload = opts.solver == "auto" and opts.plan is None and bucket is None
         if may_offload and is_min(opts.budget):  # the smallest peak, offloading included
             fused = with_transfer_costs(fused, compiled_transfer_meta(device))
@@ -285,6 +291,13 @@ class RematPartitioner(CustomPartitionerFn):
             if may_offload and not uses_swaps(fused.graph):
                 fused, plan = self._offload_if_much_cheaper(fused, plan, device)
         return capture, fused, plan
+
+    def _quick_plan_fits(self, fused) -> bool:
+        """Whether store_all or a quick baseline fits the budget on ``fused``'s graph (seconds)."""
+        budget = self.options.budget
+        if budget is None or is_min(budget):
+            return True
+        return quick_minimum(fused.graph) <= resolve(fused.graph, budget, self.options.solver) - self.margin_bytes
 
     def _bucket(self, gm) -> dict:
         """``{symbol: edge}`` of the bucket of a joint graph with symbolic sizes, guarded so that
