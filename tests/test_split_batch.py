@@ -17,6 +17,8 @@ from remat.measure import measure_step
 from remat.models.small import MHABlock, SDPABlock
 from remat.simulate import peak_lower_bound
 
+from .test_split import _close, _grads
+
 MiB = 2**20
 
 
@@ -50,19 +52,6 @@ def _sdpa():
 def _mha():
     torch.manual_seed(0)
     return MHABlock(), (torch.randn(6, 128, 64),)
-
-
-def _grads(model, *args):
-    model.zero_grad(set_to_none=True)
-    loss = model(*args)
-    loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-def _close(a, b, rtol=1e-5, atol=1e-6):
-    assert a.keys() == b.keys()
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
 
 
 def test_batch_norm_runs_in_two_passes_over_image_chunks_like_eager():
