@@ -28,6 +28,7 @@ from .capture import (Capture, PlanReady, check_materialized, check_unwrapped, d
 from .cost import DEFAULT_COST_MODEL, INDUCTOR_COST_MODEL
 from .errors import CaptureError, NotTrainingWarning, RematError
 from . import inductor
+from .execute.optimizer import OptimizerInBackwardError, StepperInBackward
 from .plan import Plan
 from .solvers.options import checked_split
 
@@ -264,6 +265,7 @@ def optimize(
     calibrate: bool = True,
     compile_kwargs: dict | None = None,
     split="auto",
+    optimizer: torch.optim.Optimizer | None = None,
     **example_kwargs,
 ) -> RematModule:
     """Plan ``model``'s training step for ``budget`` and return a module that runs the plan.
@@ -291,6 +293,11 @@ def optimize(
     ``split``: ``"auto"`` (the default) splits the ops that set the peak (the LM head and its loss)
     into chunks of rows when no plan fits the budget otherwise (see :mod:`remat.capture.split`);
     ``"off"`` never; an int splits them into that many chunks.
+    ``optimizer``: update each parameter it holds inside the backward, as soon as its gradient
+    exists, and free the gradient (:mod:`remat.execute.optimizer`): the step then never holds every
+    gradient at once, and the plan knows it. ``loss.backward()`` does the update; the loop must not
+    call ``optimizer.step()`` itself, accumulate gradients or clip them by their global norm (each
+    refused with :class:`~remat.execute.optimizer.OptimizerInBackwardError`).
 
     ``compiler``: ``"eager"`` (the default) runs the plan as unfused ATen ops, exactly as planned
     (bitwise gradients, every solver, offloading included); ``"inductor"`` has Inductor compile the
@@ -318,6 +325,11 @@ def optimize(
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace,
                    time_limit=time_limit, solver_options=solver_options or {}, cache=cache, offload_dir=offload_dir,
                    plan=plan, buckets=buckets, split=split)
+    if optimizer is not None:
+        if compiler != "eager":
+            raise OptimizerInBackwardError("the optimizer step inside the backward runs with compiler='eager' only "
+                                           "(Inductor cannot call a Python optimizer from its compiled backward)")
+        options["optimizer"] = StepperInBackward(optimizer)
     wrapped = RematModule(model, options, compiler=compiler, mode=mode, inductor_options=inductor_options,
                           compile_kwargs=compile_kwargs)
     with training_step_mode():

@@ -27,6 +27,7 @@ from .cost import make_cost_fn, make_workspace_fn
 from .errors import InfeasibleBudgetError, RematError, through_dynamo
 from .execute.buckets import BucketedStep, dispatching_graphs
 from .execute.lowering import lower
+from .execute.optimizer import with_optimizer_steps
 from .execute.runtime import boxed
 from .execute.transfer import make_transfer_meta
 from .solvers.cache import plan_with_cache
@@ -42,9 +43,13 @@ def _compile_boxed(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphMo
     return boxed(gm)
 
 
-def make_partition_fn(opts: BackendOptions):
+def make_partition_fn(opts: BackendOptions, updated_params: dict | None = None):
+    """AOTAutograd's partition function for ``opts``; ``updated_params`` (primal index -> parameter):
+    the parameters ``opts.optimizer`` updates inside the backward."""
     def capture(joint, num_fwd_outputs, no_workspace=frozenset()):
         device = joint_device(joint)
+        if updated_params:
+            joint = with_optimizer_steps(joint, num_fwd_outputs, opts.optimizer, updated_params)
         workspace_fn = make_workspace_fn(opts.workspace)
         if workspace_fn is not None and no_workspace:
             measure = workspace_fn
@@ -221,10 +226,13 @@ def _may_offload(opts: BackendOptions) -> bool:
 def remat_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
     """Dynamo backend entry point (``options`` comes from ``torch.compile(..., options=...)``)."""
     opts = BackendOptions.from_dict({**(options or {}), **kwargs})
+    # the optimizer inside the backward: AOTAutograd's primals are Dynamo's example inputs, in order
+    updated = ({i: x for i, x in enumerate(example_inputs) if opts.optimizer.owns(x)}
+               if opts.optimizer is not None else None)
     # Dynamo's own AOTAutograd wrapper, not aot_module_simplified directly: it keeps Dynamo from
     # tracing the compiled graphs and counts the call, which DDPOptimizer (torch.compile of a DDP
     # module) reads to know that the first call of each piece returns fake tensors.
-    compiler = aot_autograd(fw_compiler=_compile_boxed, bw_compiler=_compile_boxed, partition_fn=make_partition_fn(opts))
+    compiler = aot_autograd(fw_compiler=_compile_boxed, bw_compiler=_compile_boxed, partition_fn=make_partition_fn(opts, updated))
     try:
         return compiler(gm, example_inputs)
     except RematError as err:  # reach the user as remat's error, not as Dynamo's BackendCompilerFailed

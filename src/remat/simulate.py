@@ -25,6 +25,8 @@ Memory model of :func:`simulate` (bytes counted against the budget):
   reader of the input at another index (``meta['inplace_conflicts']``, a row reduction) runs in
   the same Inductor kernel, i.e. right before it with only generated kernels between
   (``meta['inductor_kernels']``), where Inductor refuses the in-place write;
+* an optimizer step inside the backward (``graph.meta['optimizer_updates']``, ``[node, parameter]``
+  pairs, :mod:`remat.execute.optimizer`) runs once, and no node reads its parameter after it;
 * a random node that is computed more than once keeps a generator state
   (``graph.meta['rng_state_bytes']``) from its first run until its last replay;
 * offloaded bytes leave the budget only when their copy has finished; the offload tier
@@ -184,6 +186,8 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
             runs[ins.target] = runs.get(ins.target, 0) + 1
     runs_left = dict(runs)
     no_backward_recompute = set(graph.meta.get("no_backward_recompute", ()))
+    updates = {int(n): int(v) for n, v in graph.meta.get("optimizer_updates", ())}  # node -> parameter it updates
+    updated: set[int] = set()
 
     reuse_candidates: dict[int, list[tuple[int, int]]] = {}  # node -> (input, output) pairs
     for n, v_in, v_out in graph.meta.get("inplace_reuse", ()):
@@ -305,6 +309,8 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
                 fail(i, "it reads an input the forward mutates, so it cannot be recomputed in the backward")
             for v in node.inputs:
                 kind = values[v].kind
+                if v in updated:
+                    fail(i, f"it reads {values[v].name}, which the optimizer has updated already in this backward")
                 if kind == INPUT:
                     continue
                 if v in offloaded:
@@ -350,6 +356,10 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
                 runs_left[node.id] -= 1
                 if runs_left[node.id] == 0:
                     current -= rng_bytes
+            if node.id in updates:
+                if updates[node.id] in updated:
+                    fail(i, "it would update a parameter a second time (an optimizer step runs once)")
+                updated.add(updates[node.id])
             seconds += node.cost
             clock += node.cost
             computes += 1

@@ -63,12 +63,18 @@ class Capture:
     shape_nodes: set = field(default_factory=set)
 
 
+# FX node meta that a rewrite of the joint graph may set on a node it adds (remat.execute.optimizer):
+GIVEN_COST = "remat_cost"  # its seconds, used instead of the cost model's
+GIVEN_WORKSPACE = "remat_workspace"  # its scratch bytes, used instead of a probe
+UPDATES = "remat_updates"  # the placeholder of the input it updates in place: nothing may read it afterwards
+
+
 def is_size_value(val) -> bool:
     """Whether an FX node's value is a size (a number or symbolic number), not a tensor."""
     return isinstance(val, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
-def _storage_key(val) -> int | None:
+def storage_key(val) -> int | None:
     if not isinstance(val, torch.Tensor):
         return None
     try:
@@ -209,7 +215,7 @@ def capture_joint(
     def add_value(fx_node: fx.Node, vid: int):
         value_id[fx_node] = vid
         value_node.append(fx_node)
-        key = _storage_key(fx_node.meta.get("val"))
+        key = storage_key(fx_node.meta.get("val"))
         if key is not None:
             storage_owner.setdefault(key, vid)
 
@@ -283,7 +289,7 @@ def capture_joint(
             view_of = _view_source(n)
             base = base_of(view_of) if view_of is not None else None
             if base is None:
-                base = storage_owner.get(_storage_key(val))
+                base = storage_owner.get(storage_key(val))
             if base is not None:
                 alias_base[n] = base
                 continue
@@ -295,7 +301,7 @@ def capture_joint(
                 if not isinstance(gval, torch.Tensor):
                     continue
                 devices.add(gval.device)
-                key = _storage_key(gval)
+                key = storage_key(gval)
                 if key is not None and key in storage_owner:
                     alias_base[g] = storage_owner[key]  # e.g. split/unbind: views
                 elif g not in holders:
@@ -322,8 +328,8 @@ def capture_joint(
             input_values(n),
             out_bytes,
             phase=phase,
-            cost=float(cost_fn(n)) if cost_fn else 1.0,
-            workspace=int(workspace_fn(n)) if workspace_fn else 0,
+            cost=float(n.meta[GIVEN_COST] if GIVEN_COST in n.meta else cost_fn(n) if cost_fn else 1.0),
+            workspace=int(n.meta[GIVEN_WORKSPACE] if GIVEN_WORKSPACE in n.meta else workspace_fn(n) if workspace_fn else 0),
             random=_is_random(n),
             op=_op_name(n),
             module=_module_path(n),
@@ -353,6 +359,9 @@ def capture_joint(
         if reads & mutated and not is_batch_norm_with_stats(n):
             no_backward_recompute.append(nid)
 
+    # optimizer steps inside the backward: [node, parameter] pairs; no node may read the parameter after
+    optimizer_updates = [[nid, value_id[n.meta[UPDATES]]] for nid, n in enumerate(op_node) if UPDATES in n.meta]
+
     fwd_vals = [out_value(x) for x in fwd_outputs] + [out_value(src) for _dest, src in input_mutations]
     bwd_vals = [out_value(x) for x in bwd_outputs]
     # the joint graph returns one gradient per primal (None where it needs none)
@@ -374,6 +383,7 @@ def capture_joint(
             "mutated_inputs": sorted(mutated),
             "no_backward_recompute": no_backward_recompute,
             **({"grad_inputs": grad_inputs} if grad_inputs is not None else {}),
+            **({"optimizer_updates": optimizer_updates} if optimizer_updates else {}),
             **({"transfer": dict(transfer)} if transfer else {}),
         },
     )

@@ -41,6 +41,7 @@ from ..errors import CaptureError, InvalidPlanError
 from ..plan import COMPUTE, FREE, OFFLOAD, RELOAD, Plan, PlanGraphMismatchError
 from . import offload as stores
 from .offload import FILE_STORE, PINNED_STORE, OffloadStore, offload_directory
+from .optimizer import is_optimizer_step
 from .runtime import replay_random, rng_state
 
 
@@ -434,7 +435,9 @@ class _Lowering:
         for t, ph in zip(cap.tangents, tangent_nodes):
             self.current[cap.value_id[t]] = ph
         self._run(self.plan.backward_instructions, self.plan.boundary)
-        grads = [self._resolve(x) if isinstance(x, fx.Node) else x for x in cap.bwd_outputs]
+        # an optimizer step inside the backward returns a token: the parameter gets no gradient
+        grads = [None if is_optimizer_step(x) else self._resolve(x) if isinstance(x, fx.Node) else x
+                 for x in cap.bwd_outputs]
         self.bwd.output(tuple(grads))
 
         if self.compiled:

@@ -366,6 +366,8 @@ def _block_graph(chain: Chain, k: int) -> Block:
     meta = {k2: graph.meta[k2] for k2 in ("rng_state_bytes", "device") if k2 in graph.meta}
     pos = {g: i for i, g in enumerate(members)}
     meta["no_backward_recompute"] = sorted(pos[n] for n in graph.meta.get("no_backward_recompute", ()) if n in pos)
+    meta["optimizer_updates"] = [[pos[n], local[v]] for n, v in graph.meta.get("optimizer_updates", ())
+                                 if n in pos and v in local]
     block = Graph(tuple(new_nodes), tuple(new_values), tuple(forward_outputs), tuple(backward_outputs),
                   f"{graph.name} stage {k}", meta)
     # the stage as the last of a segment: later stages are done, x_k is needed only by B_k

@@ -175,6 +175,8 @@ def graph_of_groups(graph: Graph, groups: list[list[int]], *, name: str,
         meta["rng_state_bytes"] = int(meta["rng_state_bytes"]) * rng_ops
     if "no_backward_recompute" in meta:
         meta["no_backward_recompute"] = sorted({group_of[n] for n in meta["no_backward_recompute"]})
+    if "optimizer_updates" in meta:
+        meta["optimizer_updates"] = [[group_of[n], new_id[v]] for n, v in meta["optimizer_updates"] if v in new_id]
     if "grad_inputs" in meta:  # inputs keep their values (renumbered)
         meta["grad_inputs"] = sorted(new_id[v] for v in meta["grad_inputs"] if v in new_id)
     return Graph(

@@ -18,7 +18,7 @@ from ..budget import parse_budget_text
 from ..cost import DEFAULT_COST_MODEL
 
 OPTION_NAMES = ("budget", "solver", "cost_model", "workspace", "time_limit", "solver_options", "on_plan", "cache",
-                "offload_dir", "plan", "buckets", "on_run", "on_step", "split")
+                "offload_dir", "plan", "buckets", "on_run", "on_step", "split", "optimizer")
 
 
 BUDGET_ENV = "REMAT_BUDGET"
@@ -52,6 +52,7 @@ class BackendOptions:
     on_run: Callable | None = None  # a dynamic capture: called with the plan of each step's bucket
     on_step: Callable | None = None  # a dynamic capture: called with its remat.execute.buckets.BucketedStep
     split: Any = "auto"  # split the ops that set the peak into chunks: "auto" (where the budget needs it), "off", or k
+    optimizer: Any = None  # a remat.execute.optimizer.StepperInBackward: the optimizer steps inside the backward
 
     def __post_init__(self):
         self.split = checked_split(self.split)
