@@ -253,16 +253,58 @@ def block_rows(quick: bool):
     return rows, notes
 
 
-def max_batch_rows(limit: int):
+def optimizer_rows(quick: bool):
+    """The smallest budget of the 32k GPT-2 with its LM head split, without and with AdamW (fused)
+    updating each parameter inside the backward; measured peaks (the optimizer's state made by the
+    warm-up steps, outside the step like the parameters) and the updates' agreement with eager."""
+    import torch
+
+    import remat
+
+    cfg = GPT2_QUICK if quick else GPT2_32K
+    model, _, kwargs = gpt2(cfg)
+    gradients = sum(p.numel() * p.element_size() for p in model.parameters())
+    rows = md_header(["step", "smallest budget (predicted)", "x recompute-only", "measured", "measured / predicted",
+                      "plan time"])
+    runs = {}
+    for label, split, with_optimizer in (("recomputation only (hierarchical)", "off", False),
+                                        ("+ splits (hierarchical, 32 chunks)", 32, False),
+                                        ("+ splits + AdamW inside the backward", 32, True)):
+        planned = copy.deepcopy(model)
+        opt = torch.optim.AdamW(planned.parameters(), lr=1e-4, fused=True) if with_optimizer else None
+        t0 = time.perf_counter()
+        m = remat.optimize(planned, budget="min", solver="hierarchical", split=split, optimizer=opt, cache=False,
+                           **kwargs)
+        seconds = time.perf_counter() - t0
+
+        def step():
+            torch.manual_seed(0)
+            m(**kwargs).backward()
+
+        step()  # the optimizer's state, made by the first update
+        step()
+        peak = measured_peak(None if with_optimizer else planned, step)
+        runs[label] = (m.plan, peak, seconds)
+    recompute = runs["recomputation only (hierarchical)"][0].peak_bytes
+    for label, (plan, peak, seconds) in runs.items():
+        rows.append(f"| {label} | {mib(plan.peak_bytes)} MiB | {plan.peak_bytes / recompute:.3f} | {mib(peak)} MiB | "
+                    f"{peak / plan.peak_bytes:.4f} | {seconds:.1f} s |")
+        log(rows[-1])
+    notes = [f"The parameters' gradients are {mib(gradients)} MiB "
+             f"({gradients / recompute:.3f} x the recompute-only minimum)."]
+    return rows, notes
+
+
+def max_batch_rows(limit: int, start: int = 1, max_batch: int = 40):
     """``remat.max_batch_size`` on the 32k-vocabulary GPT-2 (sequence 256) under ``limit`` bytes of step
     memory (parameters, batch and the step; no optimizer state): plain PyTorch, remat without splits,
-    remat with them."""
+    with them, and with them and AdamW (fused) updating each parameter inside the backward."""
+    import torch
+
     import remat
     from remat import models as zoo
 
     def make_model():
-        import torch
-
         torch.manual_seed(0)
         return zoo._BUILDERS["gpt2"](**dict(GPT2_32K, batch=1))[0].train()
 
@@ -270,11 +312,19 @@ def max_batch_rows(limit: int):
         _, args, kwargs = zoo._BUILDERS["gpt2"](**dict(GPT2_32K, batch=n))
         return args, kwargs
 
+    def adamw(model):
+        return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
     rows = md_header(["method", "largest batch", "x plain PyTorch", "solver of the largest", "search time"])
     results = {}
-    for label, options in (("remat, split='off'", dict(split="off")), ("remat, split='auto'", {})):
+    methods = [("remat, split='off'", dict(split="off")), ("remat, split='auto'", {}),
+               ("remat, split='auto', AdamW inside the backward", dict(make_optimizer=adamw))]
+    if start > 1:  # splits only: split='off' stays at plain PyTorch's batch
+        methods = methods[1:]
+    for label, options in methods:
         t0 = time.perf_counter()
-        result = remat.max_batch_size(make_model, make_batch, limit, compare_plain=not results, cache=False, max_batch=40,
+        result = remat.max_batch_size(make_model, make_batch, limit, compare_plain=not results, cache=False,
+                                      start=start, max_batch=max_batch,
                                       on_try=lambda t: log(f"{t.method} batch {t.batch}: fits={t.fits} {t.reason}"),
                                       **options)
         results[label] = (result, time.perf_counter() - t0)
@@ -293,6 +343,10 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--blocks", action="store_true",
                         help="only BatchNorm CNNs and attention blocks (writes benchmarks/split_blocks.md)")
+    parser.add_argument("--optimizer", action="store_true",
+                        help="only the smallest budget with the optimizer inside the backward (writes "
+                             "benchmarks/split_optimizer.md)")
+    parser.add_argument("--start", type=int, default=1, help="the largest-batch search's first batch")
     parser.add_argument("--max-batch", metavar="MiB", type=int, default=None,
                         help="only the largest-batch search under this many MiB (writes benchmarks/split_batch.md)")
     a = parser.parse_args()
@@ -313,6 +367,21 @@ def main():
             (HERE / "split_blocks.md").write_text(text)
         print(text)
         return
+    if a.optimizer:
+        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        rows, notes = optimizer_rows(a.quick)
+        cfg = GPT2_QUICK if a.quick else GPT2_32K
+        text = "\n".join([
+            "# The optimizer step inside the backward, with splits", "",
+            f"`benchmarks/split.py {' '.join(sys.argv[1:])}` at {git_revision()}, {started}; {machine_facts()}.", "",
+            f"GPT-2, {cfg['n_layer']} layers, width {cfg['n_embd']}, vocabulary {cfg['vocab']}, {cfg['batch']} x "
+            f"{cfg['seq']} tokens. Smallest budget (`budget=\"min\"`, `hierarchical`), predicted by the simulator; "
+            "measured: the allocator's peak of the third step (the first two make the optimizer's state).", "",
+            *rows, "", *notes, ""])
+        if not a.quick:
+            (HERE / "split_optimizer.md").write_text(text)
+        print(text)
+        return
     if a.max_batch is not None:
         started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         text = "\n".join([
@@ -320,8 +389,8 @@ def main():
             f"`benchmarks/split.py {' '.join(sys.argv[1:])}` at {git_revision()}, {started}; {machine_facts()}.", "",
             f"GPT-2, {GPT2_32K['n_layer']} layers, width {GPT2_32K['n_embd']}, vocabulary {GPT2_32K['vocab']}, "
             f"sequence {GPT2_32K['seq']}; `remat.max_batch_size` under {a.max_batch} MiB of measured step memory "
-            "(parameters, batch and step; no optimizer state), solver `auto`, batches up to 40.", "",
-            *max_batch_rows(a.max_batch * 2**20), ""])
+            f"(parameters, batch and step; no optimizer state), solver `auto`, batches from {a.start} up to 64.", "",
+            *max_batch_rows(a.max_batch * 2**20, a.start, 64), ""])
         (HERE / "split_batch.md").write_text(text)
         print(text)
         return

@@ -129,6 +129,7 @@ def max_batch_size(
     max_batch: int | None = None,
     compare_plain: bool = True,
     on_try: Callable[[BatchTry], Any] | None = None,
+    make_optimizer: Callable[[nn.Module], torch.optim.Optimizer] | None = None,
     **optimize_options,
 ) -> MaxBatchResult:
     """The largest batch size whose measured training step fits ``memory_limit`` (see the module doc).
@@ -147,6 +148,10 @@ def max_batch_size(
         start: the first batch size tried; max_batch: never try above it.
         compare_plain: also search plain PyTorch's largest batch.
         on_try: called with each :class:`BatchTry` once it is done (progress reporting).
+        make_optimizer: ``make_optimizer(model)`` returns an optimizer for the model of a try: remat's
+            tries then update the parameters inside the backward (``remat.optimize(...,
+            optimizer=)``), so their steps never hold every gradient; the optimizer's state stays
+            outside the limit, made by the warm-up step before the measured one.
         **optimize_options: passed to :func:`remat.optimize` (``cost_model``, ``time_limit``, ``cache`` ...).
 
     Returns:
@@ -163,7 +168,9 @@ def max_batch_size(
     dev = _device_or_none(device)
 
     def attempt(method: str, n: int) -> bool:
-        record, plan = _try_batch(method, n, make_model, make_batch, limit, solver, loss_fn, dev, optimize_options)
+        options = dict(optimize_options, make_optimizer=make_optimizer) if method == "remat" and make_optimizer else \
+            optimize_options
+        record, plan = _try_batch(method, n, make_model, make_batch, limit, solver, loss_fn, dev, options)
         tries.append(record)
         if record.fits and plan is not None:
             plans[n] = plan
@@ -255,6 +262,10 @@ def _run_try(method, n, make_model, make_batch, limit, solver, loss_fn, dev, opt
     predicted = None
     used_solver = ""
     if method == "remat":
+        optimize_options = dict(optimize_options)
+        make_optimizer = optimize_options.pop("make_optimizer", None)
+        if make_optimizer is not None:
+            optimize_options["optimizer"] = make_optimizer(model)
         try:
             runner = optimize(model, *args, budget=limit - fixed, solver=solver, **optimize_options, **kwargs)
         except InfeasibleBudgetError as err:
