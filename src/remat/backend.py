@@ -63,6 +63,7 @@ def make_partition_fn(opts: BackendOptions, updated_params: dict | None = None):
             cost_fn=make_cost_fn(opts.cost_model, device),
             workspace_fn=workspace_fn,
             transfer=make_transfer_meta(device) if _may_offload(opts) else None,
+            eager_inplace=True,
         )
 
     def plan(graph, budget, solver=None):

@@ -19,7 +19,9 @@ Memory model of :func:`simulate` (bytes counted against the budget):
 * a node reading an input that the step mutates (``graph.meta['no_backward_recompute']``)
   cannot run in the backward, where that input already holds its new value;
 * on a graph that says so (``graph.meta['inplace_reuse']``, ``[node, input, output]`` triples: the
-  fused graph of :mod:`remat.inductor.fusion`, whose kernels Inductor writes), an output takes the storage
+  fused graph of :mod:`remat.inductor.fusion`, whose kernels Inductor writes, or an eager graph's
+  ``add``s, which remat's lowering writes in place, ``meta['inplace_eager']``, into a value
+  computed on the same side of the boundary only), an output takes the storage
   of an input of the same size that the plan frees right after that node (the node is the input's
   last reader): that output adds no bytes, and the input's ``free`` releases none -- unless a
   reader of the input at another index (``meta['inplace_conflicts']``, a row reduction) runs in
@@ -77,6 +79,7 @@ class Simulation:
     step_seconds: float = -1.0  # compute + stalls (defaults to compute_seconds)
     offloaded: int = 0  # number of offload instructions
     saved_offloaded: tuple[int, ...] = ()  # activations offloaded at the boundary (the backward reloads them)
+    reused: tuple[tuple[int, int, int], ...] = ()  # (instruction, input, output): the output took the input's storage
 
     def __post_init__(self):
         if self.step_seconds < 0:
@@ -195,6 +198,11 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
     conflicts = {(int(n), int(v)): {int(r) for r in readers}
                  for n, v, readers in graph.meta.get("inplace_conflicts", ())}
     generated = {int(n) for n in graph.meta.get("inductor_kernels", ())}
+    # remat's eager lowering writes in place only into a value the same graph made: never into a
+    # tensor the forward saved for the backward (autograd still holds it)
+    same_phase_only = bool(graph.meta.get("inplace_eager"))
+    made_at: dict[int, int] = {}  # value -> the instruction that last computed it
+    reused_at: list[tuple[int, int, int]] = []
 
     def fused_with_a_conflicting_reader(i: int, node_id: int, v_in: int) -> bool:
         """Whether a reader of ``v_in`` at another index runs in the same Inductor kernel as compute
@@ -340,7 +348,9 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
             for v_in, v_out in reuse_candidates.get(node.id, ()):  # outputs written into dying inputs
                 if (v_out not in taken and v_in in freed_next.get(i, ()) and v_in in resident
                         and v_in not in absorbed and v_in not in pinned and values[v_in].kind == ACTIVATION
+                        and not (same_phase_only and (made_at.get(v_in, -1) >= boundary) != in_backward)
                         and not fused_with_a_conflicting_reader(i, node.id, v_in)):
+                    reused_at.append((i, v_in, v_out))
                     taken.add(v_out)
                     absorbed.add(v_in)
                     reused += values[v_in].bytes
@@ -352,6 +362,7 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
                 backward_peak = max(backward_peak, here)
             current += out_bytes
             resident.update(node.outputs)
+            made_at.update((v, i) for v in node.outputs)
             if node.random and runs[node.id] > 1:
                 runs_left[node.id] -= 1
                 if runs_left[node.id] == 0:
@@ -441,7 +452,7 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
         int(peak), seconds, tuple(timeline), peak_index, saved, computes, int(forward_peak), int(backward_peak),
         offload_peak_bytes=int(tier_peak), stall_seconds=stall, transfer_seconds=transfer_busy,
         step_seconds=clock if transfer is not None else seconds, offloaded=offload_count,
-        saved_offloaded=saved_offloaded,
+        saved_offloaded=saved_offloaded, reused=tuple(reused_at),
     )
 
 

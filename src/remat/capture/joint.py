@@ -107,6 +107,38 @@ def _is_random(node: fx.Node) -> bool:
     return torch.Tag.nondeterministic_seeded in tags
 
 
+_ADD = torch.ops.aten.add.Tensor
+
+
+def inplace_adds(op_node: list, builder, value_id: dict, value_node: list) -> dict:
+    """Graph meta for remat's eager lowering: each ``add`` that may be written in place (``add_``,
+    bitwise the same sum) into an input whose storage the output can take: ``inplace_reuse``
+    ``[node, input, output]`` triples (the simulator decides, per plan, whether the input dies
+    there; see :func:`remat.simulate.simulate`) and ``inplace_eager``. The input is an op's own output
+    (not a view), of the output's dtype, shape and strides, and not the other operand; with an
+    ``alpha``, only the first input."""
+    found = []
+    for nid, n in enumerate(op_node):
+        if n.target is not _ADD or len(builder.nodes[nid].outputs) != 1 or len(n.args) != 2:
+            continue
+        (out,) = builder.nodes[nid].outputs
+        out_val = value_node[out].meta.get("val")
+        if value_node[out] is not n or not isinstance(out_val, torch.Tensor) or not out_val.is_contiguous():
+            continue
+        layout = (out_val.dtype, tuple(out_val.shape), tuple(out_val.stride()), out_val.storage_offset())
+        positions = (0,) if n.kwargs.get("alpha", 1) != 1 else (0, 1)
+        for k in positions:
+            arg, other = n.args[k], n.args[1 - k]
+            if not isinstance(arg, fx.Node) or arg is other or arg not in value_id or value_node[value_id[arg]] is not arg:
+                continue
+            val, vid = arg.meta.get("val"), value_id[arg]
+            if (builder.values[vid].producer is not None and isinstance(val, torch.Tensor)
+                    and (val.dtype, tuple(val.shape), tuple(val.stride()), val.storage_offset()) == layout
+                    and builder.values[vid].bytes == builder.values[out].bytes):
+                found.append([nid, vid, out])
+    return {"inplace_reuse": found, "inplace_eager": True} if found else {}
+
+
 def _module_path(node: fx.Node) -> str:
     stack = node.meta.get("nn_module_stack")
     if not stack:
@@ -190,11 +222,14 @@ def capture_joint(
     workspace_fn: Callable[[fx.Node], int] | None = None,
     name: str = "graph",
     transfer: dict | None = None,
+    eager_inplace: bool = False,
 ) -> Capture:
     """Build the Graph of a joint graph; ``cost_fn(fx_node) -> seconds`` prices each op,
     ``workspace_fn(fx_node) -> bytes`` gives its scratch memory (see :mod:`remat.cost.workspace`),
     ``transfer`` the offload tier's costs, kept as ``graph.meta["transfer"]`` (see
-    :mod:`remat.execute.transfer`; plans that offload need them)."""
+    :mod:`remat.execute.transfer`; plans that offload need them). ``eager_inplace``: the graph is for
+    remat's eager lowering, which writes an ``add`` into an input that dies there
+    (:func:`inplace_adds`)."""
     fx_graph = joint.graph
     (output_node,) = fx_graph.find_nodes(op="output")
     outputs = list(output_node.args[0])
@@ -384,6 +419,7 @@ def capture_joint(
             "no_backward_recompute": no_backward_recompute,
             **({"grad_inputs": grad_inputs} if grad_inputs is not None else {}),
             **({"optimizer_updates": optimizer_updates} if optimizer_updates else {}),
+            **(inplace_adds(op_node, builder, value_id, value_node) if eager_inplace else {}),
             **({"transfer": dict(transfer)} if transfer else {}),
         },
     )

@@ -60,6 +60,10 @@ class _Lowering:
         self.fwd = fx.Graph()
         self.bwd = fx.Graph()
         self.computed: set[int] = set()  # nodes run at least once so far
+        # instruction -> input value: an ``add`` the plan's simulation let write into that input
+        self.in_place = ({i: v_in for i, v_in, _v_out in plan.simulation.reused}
+                         if plan.graph.meta.get("inplace_eager") and not compiled else {})
+        self.index = -1  # the instruction being lowered
         self.store = None
         if any(ins.kind in (OFFLOAD, RELOAD) for ins in plan.instructions):
             if compiled:  # the graph names its store by a number: see remat.execute.offload.compiled_store
@@ -268,6 +272,12 @@ class _Lowering:
             x, w, b = fx.map_arg((x, w, b), self._resolve)
             new = g.call_function(BATCH_NORM_NO_STATS, (x, w, b, training, momentum, eps))
             new.meta.update(op.meta)
+        elif self.index in self.in_place:  # x + y written into x (or y), which dies here: bitwise the same sum
+            v_in = self.in_place[self.index]
+            first = 0 if cap.value_id.get(op.args[0]) == v_in else 1
+            into, other = op.args[first], op.args[1 - first]
+            new = g.call_function(torch.ops.aten.add_.Tensor, fx.map_arg((into, other), self._resolve), dict(op.kwargs))
+            new.meta.update(op.meta)
         elif nid in self.keep_apart:  # x + y as x - (-1) * y, bitwise: Inductor keeps the mm where it is
             new = g.call_function(torch.ops.aten.sub.Tensor, fx.map_arg(op.args, self._resolve), {"alpha": -1})
             new.meta.update(op.meta)
@@ -378,6 +388,7 @@ class _Lowering:
 
     def _run(self, instructions, offset: int = 0):
         for i, ins in enumerate(instructions, offset):
+            self.index = i
             if ins.kind == COMPUTE:
                 self._compute(ins.target)
                 if self.pending_sizes and self.graph is self.fwd:
