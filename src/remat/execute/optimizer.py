@@ -42,7 +42,6 @@ from ..errors import RematError
 from ..measure import peak_memory_growth
 
 
-
 class OptimizerInBackwardError(RematError):
     """The training loop does something the optimizer step inside the backward cannot do (accumulate
     gradients, clip by their global norm, step the optimizer itself, reduce gradients across ranks)."""
@@ -236,10 +235,14 @@ def with_optimizer_steps(joint: fx.GraphModule, num_fwd_outputs: int, stepper: S
 
 
 def _copied(graph: fx.Graph) -> fx.Graph:
+    """A copy of ``graph`` whose nodes keep their meta (fake values; the output's ``desc``, which
+    names the inputs the step mutates)."""
     new = fx.Graph()
     value_remap: dict = {}
     out = new.graph_copy(graph, value_remap)
-    new.output(out)
+    new_output = new.output(out)
+    (old_output,) = graph.find_nodes(op="output")
+    new_output.meta = dict(old_output.meta)
     for old, n in value_remap.items():
         n.meta = dict(old.meta)
     return new
