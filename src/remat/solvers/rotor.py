@@ -50,6 +50,7 @@ cheapest simulated plan that fits is kept.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import OrderedDict
@@ -98,18 +99,26 @@ class Option:
 def option_from_schedule(block: Block, forward_local, backward_local, label: str, *, tail: bool = False) -> Option:
     """Measure a schedule of the stage's graph (local node ids) with the simulator; ``tail``: as the
     last stage of a segment (x_k no longer owed to the next stage), its forward pruned to what the
-    backward needs."""
+    backward needs. Identical blocks (a transformer's layers) are measured once: the measurement,
+    in local ids, is kept per block class (:func:`_per_class`) and only renumbered for the others."""
+    local = _per_class(("option", tuple(forward_local), tuple(backward_local), label, tail), block,
+                       lambda: _local_option(block, list(forward_local), list(backward_local), label, tail))
+    return dataclasses.replace(local, forward=tuple(block.to_chain_ids(local.forward)),
+                               backward=tuple(block.to_chain_ids(local.backward)))
+
+
+def _local_option(block: Block, forward_local: list, backward_local: list, label: str, tail: bool) -> Option:
     g = block.tail_graph if tail else block.graph
     if tail:
-        forward_local, backward_local = _prune_forward(g, list(forward_local), list(backward_local))
+        forward_local, backward_local = _prune_forward(g, forward_local, backward_local)
     sim = Plan.from_schedule(g, forward_local, backward_local).simulation
     reads = {v for i in backward_local for v in g.nodes[i].inputs}
     needs_output = bool(reads & block.output_values)
     out_bytes = 0 if tail else sum(g.values[v].bytes for v in block.output_values)
     return Option(
         label,
-        tuple(block.to_chain_ids(forward_local)),
-        tuple(block.to_chain_ids(backward_local)),
+        tuple(forward_local),
+        tuple(backward_local),
         sum(g.nodes[i].cost for i in forward_local),
         sum(g.nodes[i].cost for i in backward_local),
         sum(g.values[v].bytes for v in sim.saved),
@@ -119,6 +128,21 @@ def option_from_schedule(block: Block, forward_local, backward_local, label: str
         bool(reads & block.input_values),
         needs_output,
     )
+
+
+_CLASS_MEMO: dict = {}  # (what, block class) -> a measurement in local ids
+_CLASS_MEMO_SIZE = 20_000
+
+
+def _per_class(what: tuple, block: Block, measure):
+    """``measure()``, once per ``what`` and class of identical blocks (:attr:`Block.key`, and the
+    graph outputs the block makes, which the measurement subtracts)."""
+    key = (what, block.key, block.pinned_bytes, tuple(block.tail_graph.forward_outputs))
+    if key not in _CLASS_MEMO:
+        if len(_CLASS_MEMO) >= _CLASS_MEMO_SIZE:
+            _CLASS_MEMO.clear()
+        _CLASS_MEMO[key] = measure()
+    return _CLASS_MEMO[key]
 
 
 def _prune_forward(g: Graph, forward: list[int], backward: list[int]) -> tuple[list[int], list[int]]:
@@ -156,7 +180,8 @@ def no_save_forward(block: Block) -> tuple[float, int]:
     seconds = sum(g.nodes[i].cost for i in fwd)
     if g.meta.get("no_backward_recompute"):
         return seconds, 0
-    return seconds, Plan.from_schedule(g, fwd, fwd + bwd).simulation.forward_peak_bytes
+    return seconds, _per_class(("no save",), block,
+                               lambda: Plan.from_schedule(g, fwd, fwd + bwd).simulation.forward_peak_bytes)
 
 
 # ------------------------------------------------------------------------------ the DP

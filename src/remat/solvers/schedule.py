@@ -52,6 +52,7 @@ def backward_with_recomputation(
                 segment_needs.setdefault(segment_of[values[v].producer], set()).add(v)
 
     sequence: list[int] = []
+    recomputed: set[int] = set()  # resident forward values not in ``always``: what dropping may drop
 
     def ensure(targets) -> None:
         stack = [values[v].producer for v in targets if forward_made(v) and v not in resident]
@@ -72,15 +73,18 @@ def backward_with_recomputation(
         for p in sorted(to_run):  # node ids are topological
             sequence.append(p)
             resident.update(nodes[p].outputs)
+            recomputed.update(v for v in nodes[p].outputs if v not in always)
 
     bwd = graph.backward_nodes
     for i, b in enumerate(bwd):
         ensure(b.inputs)
         sequence.append(b.id)
         resident.update(b.outputs)
-        if drop_after_each_op:
+        if drop_after_each_op:  # forward values not kept go unless the next op reads them
             keep_next = set(bwd[i + 1].inputs) if i + 1 < len(bwd) else set()
-            resident = {v for v in resident if not forward_made(v) or v in always or v in keep_next}
+            gone = [v for v in recomputed if v not in keep_next]
+            resident.difference_update(gone)
+            recomputed.difference_update(gone)
     return sequence
 
 
