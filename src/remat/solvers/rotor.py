@@ -302,20 +302,36 @@ class ChainDP:
                                 else:
                                     cand = t + shifted(value[(i + 1, l, int(need_out), have)], hold + s)
                                 offer(cand, c, need)
+                        # checkpoint x_{j-1}: every j at once, in the order a loop would offer them
+                        # (j up, kept 0 then 1; the first of equal candidates wins)
                         run_peak = 0
+                        firsts, seconds, fwds, needs, codes = [], [], [], [], []
                         for j in range(i + 1, l + 1):
                             q = j - 1  # stages i..j-1 run without saving, x_{j-1} is the checkpoint
                             if not self.recomputable[q]:
                                 break
                             run_peak = max(run_peak, (a_in[q] if q > i else 0) + pn[q])
-                            need = base + run_peak
-                            fwd = np.float32(fn_prefix[j] - fn_prefix[i])
                             for kept in (0, 1):  # kept: x_{j-1} stays for B_{j-1}
-                                first = shifted(value[(j, l, kept, have)], a_in[i])
-                                second = value[(i, j - 1, keep, kept)]
+                                first, second = value[(j, l, kept, have)], value[(i, j - 1, keep, kept)]
                                 if first is never or second is never:
                                     continue
-                                offer(fwd + first + second, -(2 * j + kept), need)
+                                firsts.append(first)
+                                seconds.append(second)
+                                fwds.append(fn_prefix[j] - fn_prefix[i])
+                                needs.append(base + run_peak)
+                                codes.append(-(2 * j + kept))
+                        if firsts:
+                            cands = np.full((len(firsts), size), inf, dtype=np.float32)
+                            shift = a_in[i]
+                            if shift < size:
+                                cands[:, shift:] = np.stack(firsts)[:, : size - shift]
+                            cands = np.asarray(fwds, dtype=np.float32)[:, None] + cands + np.stack(seconds)
+                            cands[np.arange(size)[None, :] < np.asarray(needs)[:, None]] = inf
+                            row = np.argmin(cands, axis=0)
+                            lowest = cands[row, np.arange(size)]
+                            better = lowest < best
+                            best = np.where(better, lowest, best)
+                            pick[better] = np.asarray(codes, dtype=np.int16)[row[better]]
                         value[(i, l, keep, have)] = best
                         choice[(i, l, keep, have)] = pick
         return value, choice
