@@ -25,7 +25,7 @@ def _largest_difference(a: nn.Module, b: nn.Module) -> float:
 
 
 def test_adamw_inside_the_backward_updates_like_eager_over_batches_of_many_lengths():
-    """GPT-2 (dropout on) under a budget that recomputes, six batches of four lengths (size buckets):
+    """GPT-2 (dropout on) under a budget that recomputes, four batches of four lengths (size buckets):
     every parameter bitwise equal to remat's step followed by ``opt.step()``, and to eager PyTorch's."""
     ex = build("gpt2", size="tiny")
     model, unplanned, eager = ex.model, copy.deepcopy(ex.model), copy.deepcopy(ex.model)
@@ -36,7 +36,7 @@ def test_adamw_inside_the_backward_updates_like_eager_over_batches_of_many_lengt
     assert m.plan.recomputations > 0
     plain = remat.optimize(unplanned, *ex.args, budget=None, cache=False, **ex.kwargs)
     g = torch.Generator().manual_seed(1)
-    for step, length in enumerate([32, 20, 45, 32, 17, 60]):
+    for step, length in enumerate([32, 20, 45, 17]):
         ids = torch.randint(0, 1000, (2, length), generator=g)
         torch.manual_seed(step)  # the same dropout masks in all three
         m(input_ids=ids, labels=ids).backward()
@@ -51,8 +51,8 @@ def test_adamw_inside_the_backward_updates_like_eager_over_batches_of_many_lengt
         eager_opt.zero_grad()
         assert _largest_difference(model, unplanned) == 0.0
         assert _largest_difference(model, eager) == 0.0
-    assert len(m.plans) >= 4  # the first shape, then a plan per size bucket met
-    assert all(int(state["step"]) == 6 for state in opt.state.values())
+    assert len(m.plans) >= 3  # the first shape, then a plan per size bucket met
+    assert all(int(state["step"]) == 4 for state in opt.state.values())
 
 
 class Wide(nn.Module):
