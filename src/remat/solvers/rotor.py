@@ -255,14 +255,7 @@ class ChainDP:
         choice: dict[tuple, np.ndarray] = {}
         fn_prefix = np.concatenate([[0.0], np.cumsum(self.fn)])
         never = np.full(size, inf, dtype=np.float32)
-
-        def shifted(arr: np.ndarray, shift: int) -> np.ndarray:
-            if shift <= 0 or arr is never:
-                return arr
-            out = np.full(size, inf, dtype=np.float32)
-            if shift < size:
-                out[shift:] = arr[: size - shift]
-            return out
+        columns = np.arange(size)
 
         for length in range(L):
             for i in range(L - length):
@@ -284,6 +277,17 @@ class ChainDP:
                             best = np.where(better, cand, best)
                             pick[better] = c
 
+                        def offer_rows(cands, needs, codes):
+                            """offer() of each row in turn, in one step: a row's first ``need`` slots
+                            are out of reach; per slot the first lowest row, if below the best so far"""
+                            nonlocal best
+                            cands[columns[None, :] < np.asarray(needs)[:, None]] = inf
+                            row = np.argmin(cands, axis=0)
+                            lowest = cands[row, columns]
+                            better = lowest < best
+                            best = np.where(better, lowest, best)
+                            pick[better] = codes[row[better]]
+
                         # (segments ending before the last stage are recomputations: the
                         # forward pass has run every stage once by then)
                         direct = self.direct[l] if i == l < L - 1 else None
@@ -292,16 +296,22 @@ class ChainDP:
                             hold = a_in[i] if (keep or direct.needs_input) else 0
                             need = max(base, hold + unseen[i] + up(direct.backward_peak))
                             offer(np.full(size, direct.backward_seconds, dtype=np.float32), len(menus[i]), need)
-                        if not (i == l and have):
-                            last = i == l < L - 1  # a recomputed segment's last stage: pruned forward
-                            for c, (t, s, pf, pb, need_in, need_out) in enumerate(tails[i] if last else menus[i]):
+                        options = [] if (i == l and have) else tails[i] if i == l < L - 1 else menus[i]
+                        if options:  # (a recomputed segment's last stage: its pruned forward, the tail)
+                            # every option at once, in order (the first of equal candidates wins)
+                            rows = np.full((len(options), size), inf, dtype=np.float32)
+                            needs = []
+                            for c, (t, s, pf, pb, need_in, need_out) in enumerate(options):
                                 hold = a_in[i] if (keep or need_in) else 0
-                                need = max(base + pf, hold + unseen[i] + pb)
+                                needs.append(max(base + pf, hold + unseen[i] + pb))
                                 if i == l:
-                                    cand = np.full(size, t, dtype=np.float32)
+                                    rows[c] = 0.0
                                 else:
-                                    cand = t + shifted(value[(i + 1, l, int(need_out), have)], hold + s)
-                                offer(cand, c, need)
+                                    after = value[(i + 1, l, int(need_out), have)]
+                                    if after is not never and hold + s < size:
+                                        rows[c, hold + s:] = after[: size - hold - s]
+                            times = np.asarray([o[0] for o in options], dtype=np.float32)
+                            offer_rows(times[:, None] + rows, needs, np.arange(len(options), dtype=np.int16))
                         # checkpoint x_{j-1}: every j at once, in the order a loop would offer them
                         # (j up, kept 0 then 1; the first of equal candidates wins)
                         run_peak = 0
@@ -326,12 +336,7 @@ class ChainDP:
                             if shift < size:
                                 cands[:, shift:] = np.stack(firsts)[:, : size - shift]
                             cands = np.asarray(fwds, dtype=np.float32)[:, None] + cands + np.stack(seconds)
-                            cands[np.arange(size)[None, :] < np.asarray(needs)[:, None]] = inf
-                            row = np.argmin(cands, axis=0)
-                            lowest = cands[row, np.arange(size)]
-                            better = lowest < best
-                            best = np.where(better, lowest, best)
-                            pick[better] = np.asarray(codes, dtype=np.int16)[row[better]]
+                            offer_rows(cands, needs, np.asarray(codes, dtype=np.int16))
                         value[(i, l, keep, have)] = best
                         choice[(i, l, keep, have)] = pick
         return value, choice
