@@ -115,7 +115,7 @@ def inplace_adds(op_node: list, builder, value_id: dict, value_node: list) -> di
     bitwise the same sum) into an input whose storage the output can take: ``inplace_reuse``
     ``[node, input, output]`` triples (the simulator decides, per plan, whether the input dies
     there; see :func:`remat.simulate.simulate`) and ``inplace_eager``. The input is an op's own output
-    (not a view), of the output's dtype, shape and strides, and not the other operand; with an
+    (not a view), of the output's dtype, shape and strides, not sharing storage with the other operand; with an
     ``alpha``, only the first input."""
     found = []
     for nid, n in enumerate(op_node):
@@ -129,8 +129,10 @@ def inplace_adds(op_node: list, builder, value_id: dict, value_node: list) -> di
         positions = (0,) if n.kwargs.get("alpha", 1) != 1 else (0, 1)
         for k in positions:
             arg, other = n.args[k], n.args[1 - k]
-            if not isinstance(arg, fx.Node) or arg is other or arg not in value_id or value_node[value_id[arg]] is not arg:
+            if not isinstance(arg, fx.Node) or arg not in value_id or value_node[value_id[arg]] is not arg:
                 continue
+            if isinstance(other, fx.Node) and storage_key(other.meta.get("val")) == storage_key(arg.meta.get("val")):
+                continue  # the other operand is the input or a view of it: it would read what add_ writes
             val, vid = arg.meta.get("val"), value_id[arg]
             if (builder.values[vid].producer is not None and isinstance(val, torch.Tensor)
                     and (val.dtype, tuple(val.shape), tuple(val.stride()), val.storage_offset()) == layout
