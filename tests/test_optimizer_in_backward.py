@@ -26,30 +26,23 @@ def _largest_difference(a: nn.Module, b: nn.Module) -> float:
 
 def test_adamw_inside_the_backward_updates_like_eager_over_batches_of_many_lengths():
     """GPT-2 (dropout on) under a budget that recomputes, four batches of four lengths (size buckets):
-    every parameter bitwise equal to remat's step followed by ``opt.step()``, and to eager PyTorch's."""
+    every parameter bitwise equal to eager PyTorch's after ``loss.backward(); opt.step()``."""
     ex = build("gpt2", size="tiny")
-    model, unplanned, eager = ex.model, copy.deepcopy(ex.model), copy.deepcopy(ex.model)
+    model, eager = ex.model, copy.deepcopy(ex.model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
-    unplanned_opt = torch.optim.AdamW(unplanned.parameters(), lr=1e-3, weight_decay=0.1)
     eager_opt = torch.optim.AdamW(eager.parameters(), lr=1e-3, weight_decay=0.1)
     m = remat.optimize(model, *ex.args, budget="2.5MiB", optimizer=opt, cache=False, **ex.kwargs)
     assert m.plan.recomputations > 0
-    plain = remat.optimize(unplanned, *ex.args, budget=None, cache=False, **ex.kwargs)
     g = torch.Generator().manual_seed(1)
     for step, length in enumerate([32, 20, 45, 17]):
         ids = torch.randint(0, 1000, (2, length), generator=g)
-        torch.manual_seed(step)  # the same dropout masks in all three
+        torch.manual_seed(step)  # the same dropout masks in both
         m(input_ids=ids, labels=ids).backward()
         assert all(p.grad is None for p in model.parameters())
-        torch.manual_seed(step)
-        plain(input_ids=ids, labels=ids).backward()
-        unplanned_opt.step()
-        unplanned_opt.zero_grad()
         torch.manual_seed(step)
         eager(input_ids=ids, labels=ids).backward()
         eager_opt.step()
         eager_opt.zero_grad()
-        assert _largest_difference(model, unplanned) == 0.0
         assert _largest_difference(model, eager) == 0.0
     assert len(m.plans) >= 3  # the first shape, then a plan per size bucket met
     assert all(int(state["step"]) == 4 for state in opt.state.values())
