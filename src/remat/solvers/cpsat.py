@@ -428,8 +428,15 @@ def solve_cpsat(
         fallback = warm or (candidates[0] if candidates else None)  # the best plan there is
         if fallback is not None:
             fallback = copy_module.copy(fallback)
-            fallback.info = {**fallback.info, **info,
-                             "status": f"cpsat found nothing better in {limit:.0f} s ({status_name})"}
+            fits = budget_bytes is None or fallback.peak_bytes <= budget_bytes
+            # the time ran out before the search improved on its start: a time limit like any other
+            # (said so, gap unknown: 1.0), with the start as the best plan
+            fallback.info = {**fallback.info, **info, "status": "time limit" if fits else f"no plan ({status_name})",
+                             "gap": 1.0, "detail": f"cpsat found nothing better in {limit:.0f} s ({status_name})"}
+            if fits and not quiet:
+                warnings.warn(f"cpsat stopped at its time limit ({limit:.0f} s) on {graph.name!r}: it found no plan "
+                              f"better than its start, {fallback.solver}'s, which it returns (no bound proven)",
+                              SolverTimeLimitWarning, stacklevel=2)
             return fallback
         raise SolverError(
             f"cpsat found no plan for {graph.name!r} within {limit:.0f} s ({status_name}); raise time_limit, "
