@@ -66,6 +66,7 @@ class StepperInBackward:
         self.key = next(_KEYS)
         _STEPPERS[self.key] = self
         self._params: dict[int, weakref.ref] = {}  # slot -> parameter
+        self._groups: dict[int, dict] = {}  # slot -> its param group, found at its first update
         if optimizer not in _HOOKED:  # once per optimizer, however many modules it steps inside
             optimizer.register_step_pre_hook(_refuse_outside_steps)
             _HOOKED.add(optimizer)
@@ -100,7 +101,9 @@ class StepperInBackward:
                 "backward without remat, or a gradient set by hand). The optimizer step inside the backward updates "
                 "every parameter at every backward and cannot accumulate; plan without optimizer= to accumulate")
         _refuse_distributed()
-        opt, group = self.optimizer, self._group_of(param)
+        if slot not in self._groups:  # the training step's hot path: looked up once, not per update
+            self._groups[slot] = self._group_of(param)
+        opt, group = self.optimizer, self._groups[slot]
         groups, params = opt.param_groups, group["params"]
         group["params"], opt.param_groups = [param], [group]
         param.grad = grad
@@ -227,8 +230,7 @@ def with_optimizer_steps(joint: fx.GraphModule, num_fwd_outputs: int, stepper: S
             node = graph.call_function(optimizer_step, (grad, stepper.key, stepper.slot(param)))
         node.meta["val"] = grad.meta["val"].new_empty(0)
         node.meta[GIVEN_WORKSPACE], node.meta[GIVEN_COST], node.meta[UPDATES] = workspace, seconds, primal
-        outputs[num_fwd_outputs + index] = node
-        order = {n: i for i, n in enumerate(graph.nodes)}
+        outputs[num_fwd_outputs + index] = node  # (the order of the nodes already there is unchanged)
     output.args = (tuple(outputs),)
     gm.recompile()
     return gm
