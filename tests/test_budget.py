@@ -139,9 +139,10 @@ def test_named_solver_falls_back_to_its_smallest_plan_and_names_its_own_minimum(
 
 def test_pareto_accepts_min_and_reports_fixed_bytes():
     ex = zoo.build("mlp", size="tiny")
-    front = remat.pareto(ex.model, *ex.args, solvers=["rotor"], budgets=[1.0, "min"], **ex.kwargs)
+    front = remat.pareto(ex.model, *ex.args, solvers=["rotor", "reorder"], budgets=[1.0, "min"], **ex.kwargs)
     assert front.fixed_bytes == fixed_bytes(front["rotor"][0].graph) < front.store_all_peak
-    assert front.budgets[0] == front.store_all_peak and front["rotor"][1] is not None
+    # on the tiny MLP no recomputation lowers the peak, and reordering lowers it by a few bytes
+    assert front.budgets[0] == front.store_all_peak and front["reorder"][1].peak_bytes == front.budgets[1]
 
 
 def test_a_budget_string_means_the_same_in_python_and_on_the_command_line():

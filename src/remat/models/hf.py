@@ -1,4 +1,5 @@
-"""``gpt2``, ``bert``, ``vit``, ``llama`` and ``t5`` (an encoder-decoder): models of the ``transformers`` library built from configs.
+"""``gpt2``, ``distill`` (a GPT-2 student and its frozen teacher), ``bert``, ``vit``, ``llama`` and ``t5`` (an
+encoder-decoder): models of the ``transformers`` library built from configs.
 
 The weights are random (nothing is downloaded) and the configs' default dropout is kept. Each
 model is wrapped in :class:`LossOnly`, so that its output is the scalar loss it computes from
@@ -72,6 +73,56 @@ def _gpt2(n_layer, n_embd, n_head, vocab, positions, batch, seq):
     )
     config._attn_implementation = "eager"
     model = _finish_hf(tf.GPT2LMHeadModel(config), "ForCausalLM", use_cache=False)
+    ids = torch.randint(0, vocab, (batch, seq))
+    return model, (), {"input_ids": ids, "labels": ids.clone()}
+
+
+class Distillation(nn.Module):
+    """A knowledge-distillation step: ``alpha`` times the student's own loss on the labels plus
+    ``1 - alpha`` times the KL divergence from a frozen teacher's predictions softened by
+    ``temperature``. As in the Hugging Face distillation examples, the teacher runs after the
+    student, under ``no_grad``; it stays in eval mode (no dropout) whatever ``train()`` says."""
+
+    def __init__(self, student: nn.Module, teacher: nn.Module, temperature: float = 2.0, alpha: float = 0.5):
+        super().__init__()
+        self.student, self.teacher = student, teacher
+        self.temperature, self.alpha = temperature, alpha
+        teacher.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> "Distillation":
+        super().train(mode)
+        self.teacher.eval()
+        return self
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        student_loss, logits = self.student(input_ids=input_ids, labels=labels, use_cache=False, return_dict=False)[:2]
+        with torch.no_grad():
+            teacher_logits = self.teacher(input_ids=input_ids, use_cache=False, return_dict=False)[0]
+        t = self.temperature
+        soft = torch.nn.functional.kl_div(torch.log_softmax(logits / t, -1), torch.log_softmax(teacher_logits / t, -1),
+                                          log_target=True, reduction="batchmean")
+        return self.alpha * student_loss + (1 - self.alpha) * soft * t * t
+
+
+@register(
+    "distill",
+    tiny=dict(_GPT2, batch=2, seq=32),
+    small=dict(_GPT2, batch=8, seq=128),
+    medium=dict(_GPT2, n_layer=4, batch=8, seq=256),
+)
+def _distill(n_layer, n_embd, n_head, vocab, positions, batch, seq):
+    """A GPT-2 student distilled from a frozen GPT-2 teacher with twice its layers and four times its width."""
+    tf = _transformers()
+
+    def gpt2(layers, width):
+        config = tf.GPT2Config(n_layer=layers, n_embd=width, n_head=n_head, vocab_size=vocab, n_positions=positions,
+                               bos_token_id=0, eos_token_id=0)
+        config._attn_implementation = "eager"
+        model = tf.GPT2LMHeadModel(config)
+        model.loss_type = "ForCausalLM"
+        return model
+
+    model = Distillation(gpt2(n_layer, n_embd), gpt2(2 * n_layer, 4 * n_embd))
     ids = torch.randint(0, vocab, (batch, seq))
     return model, (), {"input_ids": ids, "labels": ids.clone()}
 

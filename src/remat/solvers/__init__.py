@@ -15,7 +15,7 @@ May import: ``remat.cost``, ``remat.plan``, ``remat.simulate``, ``remat.budget``
     plan = make_plan(graph, budget=0.5)           # auto: the best plan any solver makes
 """
 
-from . import baselines, checkmate, checkmate_swap, chen, cpsat, hierarchical, hybrid, keep_set, revolve, rotor  # noqa: F401  (registers the solvers)
+from . import baselines, checkmate, checkmate_swap, chen, cpsat, hierarchical, hybrid, keep_set, reorder, revolve, rotor  # noqa: F401  (registers the solvers)
 from .registry import SOLVERS, Solver, available, register, solve, time_budget, time_left
 
 __all__ = ["SOLVERS", "Solver", "available", "register", "solve", "time_budget", "time_left"]

@@ -1,6 +1,7 @@
 """From a Graph and a budget to a Plan: budget resolution, solver choice, clear failures.
 
-``solver="auto"`` returns store_all's plan when it fits. Otherwise, on a graph of at most
+``solver="auto"`` returns store_all's plan when it fits, or else the same computes reordered
+(:mod:`remat.solvers.reorder`) when that plan fits: nothing recomputed either. Otherwise, on a graph of at most
 ``AUTO_MILP_NODES`` ops it runs CP-SAT (:mod:`remat.solvers.cpsat`) with half its time
 (``AUTO_TIME_LIMIT`` seconds unless ``time_limit`` says otherwise) and, unless CP-SAT proved its
 plan optimal, the Checkmate MILP with the rest, warm-started from CP-SAT's plan and the baselines
@@ -59,6 +60,7 @@ from .registry import SOLVERS, solve
 
 AUTO_TIME_LIMIT = 30.0
 AUTO_KEEP_SET_SECONDS = 10.0  # auto's time for keep_set (milliseconds per save budget on most graphs)
+AUTO_REORDER_SECONDS = 2.0  # auto's time for reordering store_all's computes (milliseconds on most graphs)
 AUTO_MILP_NODES = 100  # the op-level MILP usually proves optimality on graphs this small
 FAST_SOLVERS = ("checkpoint_all", "chen_sqrt", "chen_greedy", "rotor", "hierarchical")  # auto's fallbacks
 # solvers whose plan at a budget they cannot meet is already their smallest-peak plan (the MILP
@@ -142,6 +144,15 @@ def store_all_plan(graph: Graph) -> Plan:
     return graph.memo[key]
 
 
+def reordered_store_all_plan(graph: Graph) -> Plan:
+    """Every node once, in the order of lowest peak :mod:`remat.solvers.reorder` finds (cached)."""
+    key = _smallest_key("reorder", {})
+    if key not in _minimum_known(graph):
+        graph.memo[key] = solve("reorder", graph, None, time_limit=AUTO_REORDER_SECONDS)
+        _minimum_known(graph).add(key)
+    return graph.memo[key]
+
+
 def solver_minimum(graph: Graph, name: str, *, time_limit: float | None = None, **options) -> Plan | None:
     """The plan of smallest peak ``name`` makes on ``graph`` (solved at budget 0 once, then
     cached; a smaller one seen at another budget wins); None when the solver does not apply."""
@@ -166,7 +177,7 @@ def smallest_plan(graph: Graph, solver: str = "auto", *, time_limit: float | Non
         return plan
     if time_limit is None:
         time_limit = AUTO_TIME_LIMIT
-    plans = [store_all_plan(graph)]
+    plans = [store_all_plan(graph), reordered_store_all_plan(graph)]
     first = auto_candidates(graph) + ["hierarchical"]
     for name in auto_solvers(graph):
         opts = options if name in first else {}
@@ -255,6 +266,9 @@ def _auto(graph: Graph, budget_bytes, time_limit, options, fraction, swaps: bool
     store_all = store_all_plan(graph)
     if _fits(store_all, budget_bytes):  # nothing is cheaper than computing everything once
         return _for_budget(store_all, budget_bytes, **{"chosen by": "auto among store_all"})
+    reordered = reordered_store_all_plan(graph)
+    if _fits(reordered, budget_bytes):  # the same work in another order: nothing recomputed either
+        return _for_budget(reordered, budget_bytes, **{"chosen by": "auto among store_all, reorder"})
     if not (swaps and uses_swaps(graph)):
         best, names = _auto_recompute(graph, budget_bytes, time_limit, options, fraction, swaps=swaps)
         return _for_budget(best, budget_bytes, **{"chosen by": f"auto among {', '.join(names)}"})
@@ -426,5 +440,5 @@ def _infeasible(graph: Graph, budget_bytes: int, smallest: Plan, solver: str, fr
     return _error(graph, budget_bytes, smallest, detail, solver, fraction)
 
 
-__all__ = ["make_plan", "given_plan", "resolve", "quick_minimum", "smallest_plan", "recomputation_plan", "uses_swaps", "solver_minimum", "store_all_plan", "auto_candidates",
+__all__ = ["make_plan", "given_plan", "resolve", "quick_minimum", "smallest_plan", "recomputation_plan", "uses_swaps", "solver_minimum", "store_all_plan", "reordered_store_all_plan", "auto_candidates",
            "auto_solvers", "clear_caches", "is_min"]
