@@ -212,3 +212,15 @@ def test_zoo_models(model):
     else:
         with pytest.raises(SolverError, match="revolve needs a chain"):
             remat.plan(ex.model, *ex.args, solver="revolve", budget=None, cost_model="unit")
+
+
+def test_chen_greedys_sweep_is_made_once_per_graph_and_its_plans_are_never_handed_out_shared():
+
+    g = chain(n=8, size=100)
+    sweep = greedy_sweep(g)
+    assert greedy_sweep(g) is sweep  # the memo: a Pareto sweep's budgets and the MILP's warm starts share it
+    store = solve("store_all", g, None).peak_bytes
+    a, b = solve("chen_greedy", g, store), solve("chen_greedy", g, store // 2)
+    assert a is not b and all(p is not a and p is not b for p in sweep)
+    assert (a.budget_bytes, b.budget_bytes) == (store, store // 2)
+    assert all(p.budget_bytes is None for p in sweep)

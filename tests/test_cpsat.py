@@ -200,3 +200,22 @@ def test_when_the_coarse_model_misses_the_budget_and_time_runs_out_a_plan_still_
         warnings.simplefilter("ignore", SolverTimeLimitWarning)
         plan = solve("cpsat", graph, budget, time_limit=1, threads=2)
     assert "coarsened" in plan.info and plan.peak_bytes <= budget
+
+
+def test_cpsat_stops_once_its_plan_is_within_a_negligible_share_of_the_step(monkeypatch):
+    """Every plan costs at least store_all's compute, so a plan whose recomputations are proven within
+    NEGLIGIBLE_OVERHEAD of the step of the bound is final, however weak the bound: CP-SAT gets that as
+    its absolute gap limit, in its cost units (on the tiny U-Net at 80% the search used to run to its
+    limit, then HiGHS to its own, for a +0.01% plan), and says how far from the bound it stopped."""
+    from remat.solvers import cpsat as cpsat_module
+    from remat.solvers.cpsat import COST_UNITS, NEGLIGIBLE_OVERHEAD
+
+    made = []
+    real = cpsat_module._solver
+    monkeypatch.setattr(cpsat_module, "_solver", lambda *a: made.append(real(*a)) or made[-1])
+    g = chain(n=6, size=100)
+    budget = budgets_between(g, 4)[1]
+    plan = solve_cpsat(g, budget, time_limit=30, threads=2)
+    largest = max(n.cost for n in g.nodes)
+    assert made[0].parameters.absolute_gap_limit == int(NEGLIGIBLE_OVERHEAD * g.store_all_seconds / largest * COST_UNITS)
+    assert plan.info["status"] == "optimal" and 0 <= plan.info["gap_of_step"] <= NEGLIGIBLE_OVERHEAD

@@ -102,7 +102,8 @@ Models, one module per family (each module's docstring describes its models):
   scaled down by a width multiplier and small images (32 or 64 px), in :mod:`.vgg`,
   :mod:`.resnet_imagenet`, :mod:`.mobilenet` and :mod:`.unet`.
 - :mod:`.densenet`: ``densenet``, DenseNet-style dense blocks (every layer reads all earlier ones).
-- :mod:`.hf`: ``gpt2``, ``bert``, ``vit``, ``llama``, ``t5`` (encoder-decoder), ``transformers`` models built from configs
+- :mod:`.hf`: ``gpt2``, ``distill`` (a GPT-2 student and its frozen teacher, run after it under
+  ``no_grad``), ``bert``, ``vit``, ``llama``, ``t5`` (encoder-decoder), ``transformers`` models built from configs
   and wrapped in :class:`LossOnly` so the output is the scalar loss; they need the
   ``transformers`` package (``pip install remat[models]``).
 

@@ -25,6 +25,7 @@ They differ in where the cuts go:
 
 from __future__ import annotations
 
+import copy
 import time
 
 from ..graph import ACTIVATION, Graph
@@ -89,11 +90,17 @@ def segment_plan(graph: Graph, cut_after, *, solver: str) -> Plan:
 
 def greedy_sweep(graph: Graph, *, cuts: str = "linear", points: int = 30, thresholds=None,
                  time_limit: float | None = None, solver: str = "chen_greedy") -> list[Plan]:
-    """One plan per distinct segmentation the thresholds give (``info`` holds b and the count)."""
+    """One plan per distinct segmentation the thresholds give (``info`` holds b and the count).
+    The plans do not depend on a budget: a whole sweep is kept in the graph's memo, so the
+    budgets of a Pareto sweep (and every MILP warm start) share it. Callers must not change them."""
+    key = ("greedy_sweep", cuts, points, solver)
+    if thresholds is None and key in graph.memo:
+        return graph.memo[key]
     allowed = allowed_cuts(graph, cuts)
     start = time.perf_counter()
     plans: list[Plan] = []
     seen: set[tuple[int, ...]] = set()
+    complete = True
     for b in thresholds if thresholds is not None else greedy_thresholds(graph, points):
         chosen = tuple(greedy_cuts(graph, b, allowed))
         if chosen in seen:
@@ -103,7 +110,10 @@ def greedy_sweep(graph: Graph, *, cuts: str = "linear", points: int = 30, thresh
         plan.info.update(threshold_bytes=int(b), segments=len(chosen) + 1, cuts=cuts)
         plans.append(plan)
         if time_limit is not None and time.perf_counter() - start > time_limit:
+            complete = False
             break
+    if thresholds is None and complete:
+        graph.memo[key] = plans
     return plans
 
 
@@ -122,8 +132,8 @@ def chen_greedy(
     check_cuts(cuts)
     solver = "chen_greedy_ap" if cuts == "articulation" else "chen_greedy"
     plans = greedy_sweep(graph, cuts=cuts, points=points, thresholds=thresholds, time_limit=time_limit, solver=solver)
-    best = cheapest_fitting(plans, budget_bytes)
-    best.info["sweep"] = len(plans)
+    best = copy.copy(cheapest_fitting(plans, budget_bytes))  # the sweep's plans are shared (the memo)
+    best.info = {**best.info, "sweep": len(plans)}
     return best
 
 
