@@ -215,7 +215,6 @@ def test_zoo_models(model):
 
 
 def test_chen_greedys_sweep_is_made_once_per_graph_and_its_plans_are_never_handed_out_shared():
-
     g = chain(n=8, size=100)
     sweep = greedy_sweep(g)
     assert greedy_sweep(g) is sweep  # the memo: a Pareto sweep's budgets and the MILP's warm starts share it
