@@ -157,7 +157,9 @@ def test_a_budget_below_every_plan_names_the_minimum_when_a_solver_does_not_appl
         make_plan(g, 1, "auto")  # below the lower bound: refused by the quick planners
     smallest = make_plan(g, "min", "auto").peak_bytes
     assert err.value.lower_bound_bytes <= smallest <= err.value.min_budget_bytes
-    assert make_plan(g, err.value.min_budget_bytes, "auto").fits()
+    # fits whatever the exact solvers find in their time: auto falls back to the fast solvers' plans (a
+    # 13-op graph where CP-SAT and the MILP spent up to their 15 s limits at this budget without proving optimality)
+    assert make_plan(g, err.value.min_budget_bytes, "auto", time_limit=3).fits()
     with pytest.raises(remat.InfeasibleBudgetError) as err:  # the minimum known now: named exactly
         make_plan(g, 1, "auto")
     assert err.value.min_budget_bytes == smallest
