@@ -21,6 +21,9 @@ Sizes:
   a few hundred KiB does not matter; a step takes 20-80 ms on two CPU cores.
 - ``medium``: benchmarks; 120-250 MiB saved for backward; a step takes 0.1-0.4 s.
 
+``distill`` is the exception in time: its frozen teacher (16 times the student's weights) runs in
+every step, so its steps take several times as long, and its peak holds the teacher's working set.
+
 Measured on torch 2.13 CPU, two cores, float32 (``python -m remat.models`` reprints it).
 *saved* is what autograd keeps for the backward pass (storages of the tensors packed by
 ``saved_tensors_hooks``, each counted once, parameters and inputs excluded); *peak* is the
@@ -77,6 +80,9 @@ densenet       medium        215.7       219.6     111.0
 gpt2           tiny            2.4           -       2.8
 gpt2           small          47.5        55.3      33.0
 gpt2           medium        227.0       242.5     152.6
+distill        tiny            2.9           -      22.1
+distill        small          55.3        96.1     206.9
+distill        medium        242.6       329.4     834.5
 bert           tiny            1.7           -       2.7
 bert           small          37.0        44.8      30.7
 bert           medium        182.0       197.6     141.2
