@@ -21,7 +21,7 @@ Sizes:
   a few hundred KiB does not matter; a step takes 20-80 ms on two CPU cores.
 - ``medium``: benchmarks; 120-250 MiB saved for backward; a step takes 0.1-0.4 s.
 
-``distill`` is the exception in time: its frozen teacher (16 times the student's weights) runs in
+``distill`` is the exception in time: its frozen teacher (about 24 times the student's weights) runs in
 every step, so its steps take several times as long, and its peak holds the teacher's working set.
 
 Measured on torch 2.13 CPU, two cores, float32 (``python -m remat.models`` reprints it).
