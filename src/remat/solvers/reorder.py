@@ -52,8 +52,8 @@ def reorder(plan: Plan, *, time_limit: float | None = None) -> Plan:
     """
     if any(ins.kind in (OFFLOAD, RELOAD) for ins in plan.instructions) or plan.simulation.computes > MAX_COMPUTES:
         return plan
-    limit = REORDER_TIME_LIMIT if time_limit is None else time_limit
-    deadline = time.perf_counter() + limit
+    start = time.perf_counter()
+    deadline = start + (REORDER_TIME_LIMIT if time_limit is None else time_limit)
     graph = plan.graph
     forward, backward = plan.schedule()
     best = _judged(graph, forward, backward, plan)
@@ -75,11 +75,11 @@ def reorder(plan: Plan, *, time_limit: float | None = None) -> Plan:
         (forward, backward), best = found
         score = _score(best)
         moves += 1
-    if best.peak_bytes >= plan.peak_bytes and moves == 0:
-        return plan
+    if best.peak_bytes > plan.peak_bytes or (best.peak_bytes == plan.peak_bytes and moves == 0):
+        return plan  # (a plan whose own frees beat the rebuilt plan's, or nothing found)
     info = dict(plan.info, reordered={"peak_before": plan.peak_bytes, "peak_after": best.peak_bytes, "moves": moves})
     return Plan(graph, best.instructions, best.boundary, budget_bytes=plan.budget_bytes, solver=plan.solver,
-                solve_seconds=plan.solve_seconds + (limit - max(0.0, deadline - time.perf_counter())), info=info)
+                solve_seconds=plan.solve_seconds + time.perf_counter() - start, info=info)
 
 
 @register("reorder")
