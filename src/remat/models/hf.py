@@ -66,15 +66,20 @@ _GPT2 = dict(n_layer=2, n_embd=128, n_head=4, vocab=1000, positions=256)
     medium=dict(_GPT2, n_layer=4, batch=8, seq=256),
 )
 def _gpt2(n_layer, n_embd, n_head, vocab, positions, batch, seq):
+    model = _finish_hf(_gpt2_lm(n_layer, n_embd, n_head, vocab, positions), "ForCausalLM", use_cache=False)
+    ids = torch.randint(0, vocab, (batch, seq))
+    return model, (), {"input_ids": ids, "labels": ids.clone()}
+
+
+def _gpt2_lm(n_layer, n_embd, n_head, vocab, positions) -> nn.Module:
+    """A ``GPT2LMHeadModel`` with random weights and eager attention."""
     tf = _transformers()
     config = tf.GPT2Config(
         n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab, n_positions=positions,
         bos_token_id=0, eos_token_id=0,
     )
     config._attn_implementation = "eager"
-    model = _finish_hf(tf.GPT2LMHeadModel(config), "ForCausalLM", use_cache=False)
-    ids = torch.randint(0, vocab, (batch, seq))
-    return model, (), {"input_ids": ids, "labels": ids.clone()}
+    return tf.GPT2LMHeadModel(config)
 
 
 class Distillation(nn.Module):
@@ -112,17 +117,10 @@ class Distillation(nn.Module):
 )
 def _distill(n_layer, n_embd, n_head, vocab, positions, batch, seq):
     """A GPT-2 student distilled from a frozen GPT-2 teacher with twice its layers and four times its width."""
-    tf = _transformers()
-
-    def gpt2(layers, width):
-        config = tf.GPT2Config(n_layer=layers, n_embd=width, n_head=n_head, vocab_size=vocab, n_positions=positions,
-                               bos_token_id=0, eos_token_id=0)
-        config._attn_implementation = "eager"
-        model = tf.GPT2LMHeadModel(config)
-        model.loss_type = "ForCausalLM"
-        return model
-
-    model = Distillation(gpt2(n_layer, n_embd), gpt2(2 * n_layer, 4 * n_embd))
+    student = _gpt2_lm(n_layer, n_embd, n_head, vocab, positions)
+    teacher = _gpt2_lm(2 * n_layer, 4 * n_embd, n_head, vocab, positions)
+    student.loss_type = teacher.loss_type = "ForCausalLM"  # (none: a warning from inside forward, a graph break)
+    model = Distillation(student, teacher)
     ids = torch.randint(0, vocab, (batch, seq))
     return model, (), {"input_ids": ids, "labels": ids.clone()}
 

@@ -110,6 +110,7 @@ class Model:
     unit: int  # bytes per memory unit
     cost_units: dict[int, int]
     copies: int
+    step_units: float = 0.0  # store_all's compute in the objective's units
     info: dict = field(default_factory=dict)
 
 
@@ -133,7 +134,7 @@ def build_model(graph: Graph, budget_bytes: int | None, *, copies: int = DEFAULT
     else:
         capacity = budget_bytes // b.unit
     b.cp.add_cumulative(b.intervals, b.demands, capacity)
-    model = Model(b.cp, b.line, b.present, b.start, b.end, capacity, b.unit, b.cost_units, copies)
+    model = Model(b.cp, b.line, b.present, b.start, b.end, capacity, b.unit, b.cost_units, copies, b.step_units)
     model.info = {"intervals": len(b.intervals), "positions": b.line.length, "copies": copies, "memory unit bytes": b.unit}
     return model
 
@@ -158,6 +159,7 @@ class _Builder:
         self.unit = _gcd_of(sizes)  # every demand a whole number of units: exact
         largest_cost = max((nd.cost for nd in nodes), default=0.0) or 1.0
         self.cost_units = {i: int(round(nodes[i].cost / largest_cost * COST_UNITS)) for i in range(self.num_forward)}
+        self.step_units = graph.store_all_seconds / largest_cost * COST_UNITS
         self.intervals: list = []
         self.demands: list[int] = []
         self.present: dict[tuple[int, int], object] = {}
@@ -413,11 +415,8 @@ def solve_cpsat(
         warm = None
     info["setup seconds"] = round(time.perf_counter() - began, 3)
     solver = _solver(limit - (time.perf_counter() - began), threads)
-    tolerance = 0
     if budget_bytes is not None:  # stop once the plan is within NEGLIGIBLE_OVERHEAD of the step of the bound
-        largest_cost = max((n.cost for n in graph.nodes), default=0.0) or 1.0
-        tolerance = int(NEGLIGIBLE_OVERHEAD * graph.store_all_seconds / largest_cost * COST_UNITS)
-        solver.parameters.absolute_gap_limit = float(tolerance)
+        solver.parameters.absolute_gap_limit = float(int(NEGLIGIBLE_OVERHEAD * model.step_units))
     status = solver.solve(cp)
     info["solve seconds"] = round(solver.wall_time, 3)
     status_name = solver.status_name(status)
@@ -459,8 +458,7 @@ def solve_cpsat(
     info.update(status="optimal" if optimal else "time limit", gap=_gap(objective, bound),
                 objective_units=objective, bound_units=bound)
     if budget_bytes is not None:
-        step_units = tolerance / NEGLIGIBLE_OVERHEAD if tolerance else 0.0
-        info["gap_of_step"] = (objective - bound) / step_units if step_units else 0.0
+        info["gap_of_step"] = (objective - bound) / model.step_units if model.step_units else 0.0
     plan.info.update(info)
     from .checkmate import finish_exact
 

@@ -137,18 +137,19 @@ def _run(name: str, graph: Graph, budget_bytes, time_limit, options: dict, skip_
 
 def store_all_plan(graph: Graph) -> Plan:
     """The store-everything plan of ``graph`` (cached)."""
-    key = _smallest_key("store_all", {})
-    if key not in _minimum_known(graph):
-        graph.memo[key] = solve("store_all", graph, None)
-        _minimum_known(graph).add(key)
-    return graph.memo[key]
+    return _solved_once(graph, "store_all")
 
 
 def reordered_store_all_plan(graph: Graph) -> Plan:
     """Every node once, in the order of lowest peak :mod:`remat.solvers.reorder` finds (cached)."""
-    key = _smallest_key("reorder", {})
+    return _solved_once(graph, "reorder", AUTO_REORDER_SECONDS)
+
+
+def _solved_once(graph: Graph, name: str, time_limit: float | None = None) -> Plan:
+    """``name``'s plan of ``graph`` without a budget, solved once and kept as its known minimum."""
+    key = _smallest_key(name, {})
     if key not in _minimum_known(graph):
-        graph.memo[key] = solve("reorder", graph, None, time_limit=AUTO_REORDER_SECONDS)
+        graph.memo[key] = solve(name, graph, None, time_limit=time_limit)
         _minimum_known(graph).add(key)
     return graph.memo[key]
 

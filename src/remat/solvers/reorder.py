@@ -32,6 +32,7 @@ timing is tied to positions).
 
 from __future__ import annotations
 
+import copy
 import time
 
 from ..errors import InvalidPlanError
@@ -77,9 +78,10 @@ def reorder(plan: Plan, *, time_limit: float | None = None) -> Plan:
         moves += 1
     if best.peak_bytes > plan.peak_bytes or (best.peak_bytes == plan.peak_bytes and moves == 0):
         return plan  # (a plan whose own frees beat the rebuilt plan's, or nothing found)
-    info = dict(plan.info, reordered={"peak_before": plan.peak_bytes, "peak_after": best.peak_bytes, "moves": moves})
-    return Plan(graph, best.instructions, best.boundary, budget_bytes=plan.budget_bytes, solver=plan.solver,
-                solve_seconds=plan.solve_seconds + time.perf_counter() - start, info=info)
+    best = copy.copy(best)  # (simulated already: not built again)
+    best.info = dict(plan.info, reordered={"peak_before": plan.peak_bytes, "peak_after": best.peak_bytes, "moves": moves})
+    best.solve_seconds = plan.solve_seconds + time.perf_counter() - start
+    return best
 
 
 @register("reorder")
@@ -88,9 +90,9 @@ def reorder_solver(graph: Graph, budget_bytes: int | None, *, time_limit: float 
     from .baselines import store_all
 
     left = time_left(time_limit)
-    plan = reorder(store_all(graph, budget_bytes), time_limit=REORDER_TIME_LIMIT if left is None else left)
-    return Plan(graph, plan.instructions, plan.boundary, budget_bytes=budget_bytes, solver="reorder",
-                solve_seconds=plan.solve_seconds, info=plan.info)
+    plan = copy.copy(reorder(store_all(graph, budget_bytes), time_limit=REORDER_TIME_LIMIT if left is None else left))
+    plan.solver = "reorder"
+    return plan
 
 
 # ------------------------------------------------------------------------------------- the search
