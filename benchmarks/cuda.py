@@ -73,7 +73,9 @@ def rel_diff(got: list, ref: list) -> float:
     return worst
 
 
-def bench_model(name: str, quick: bool, rounds: int) -> dict:
+def bench_model(name: str, quick: bool, rounds: int, progress=lambda partial: None) -> dict:
+    """One model's table; ``progress(partial)`` gets the rows measured so far after each plan (a run cut
+    short still saves them)."""
     model, args, kwargs, loss = build(name, quick)
     eager = make_step(model, args, kwargs, loss)
     ref_eager = seeded_grads(model, eager, device=DEVICE)
@@ -92,6 +94,10 @@ def bench_model(name: str, quick: bool, rounds: int) -> dict:
     if hyb_min is not None:
         targets.append(("hybrid min", "hybrid", hyb_min))
     rows, steps = [], {}
+    transfer = graph.meta.get("transfer") or {}
+    summary = dict(name=name, nodes=len(graph.nodes), capture_s=capture_s, store=store.plan.peak_bytes,
+                   fixed=fixed_bytes(graph), eager_ms=None,
+                   transfer={k: v for k, v in transfer.items() if isinstance(v, (int, float, str, bool))}, rows=rows)
     ref = seeded_grads(model, make_step(store, args, kwargs, loss), device=DEVICE)
     for label, solver, budget in targets:
         row = dict(label=label, solver=solver)
@@ -117,6 +123,7 @@ def bench_model(name: str, quick: bool, rounds: int) -> dict:
             log(f"  {label}: {row['error']}")
             traceback.print_exc()
         rows.append(row)
+        progress(summary)
     # timing: each round, eager and every plan back to back, order reversed every other round
     eager_s, _, ratios = time_against((model, eager), {k: (model, s) for k, s in steps.items()}, rounds,
                                       device=DEVICE, alternate=True)
@@ -127,10 +134,8 @@ def bench_model(name: str, quick: bool, rounds: int) -> dict:
     for row in rows:
         if base and "vs_eager_time" in row:
             row["measured_overhead"] = row["vs_eager_time"] / base - 1
-    transfer = graph.meta.get("transfer") or {}
-    return dict(name=name, nodes=len(graph.nodes), capture_s=capture_s, store=store.plan.peak_bytes,
-                fixed=fixed_bytes(graph), eager_ms=eager_s * 1e3 if eager_s is not None else None,
-                transfer={k: v for k, v in transfer.items() if isinstance(v, (int, float, str, bool))}, rows=rows)
+    summary["eager_ms"] = eager_s * 1e3 if eager_s is not None else None
+    return summary
 
 
 def report(results: list[dict], meta: dict) -> str:
@@ -193,11 +198,14 @@ def main() -> None:
                 torch=torch.__version__,
                 cuda=torch.version.cuda, rounds=rounds, elapsed=0.0)
     start, results = time.perf_counter(), []
-    for name in a.models:
-        results.append(bench_model(name, a.quick, rounds))
+    def save(partial=None):
         meta["elapsed"] = time.perf_counter() - start
         if a.save:
-            write_json(a.save, dict(meta=meta, results=results))
+            write_json(a.save, dict(meta=meta, results=results + ([partial] if partial else [])))
+
+    for name in a.models:
+        results.append(bench_model(name, a.quick, rounds, progress=save))
+        save()
     text = report(results, meta)
     print(text)
     if not a.quick and not a.save:
