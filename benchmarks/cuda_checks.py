@@ -6,8 +6,8 @@ writes ``benchmarks/cuda_checks.md`` from a saved run; ``--cpu-smoke`` runs tiny
 
 1. **Gradient accuracy of ResNet-18** (the zoo's BatchNorm ResNet at ``tiny``, batch 2 at 32x32, and
    ``small``) against a float64 eager step on the same GPU, for eager PyTorch in float32 and for
-   remat's ``store_all`` and ``checkpoint_all`` plans in float32, under three cuDNN settings: the
-   default (TF32 convolutions allowed), TF32 off, cuDNN off. Error of a gradient: max|got - ref| /
+   remat's ``store_all`` and ``checkpoint_all`` plans in float32, under four cuDNN settings: the
+   default (TF32 convolutions allowed), TF32 off, deterministic algorithms with TF32 off, cuDNN off. Error of a gradient: max|got - ref| /
    max|ref| per parameter, the largest over parameters (and which); also the relative L2 norm over
    all parameters together. Also eager against itself (is the GPU deterministic?) and remat against
    eager in float32 (the figure ``benchmarks/cuda.md`` reports).
@@ -48,6 +48,7 @@ DEVICE = "cuda"
 GPT2_32K = dict(n_layer=2, n_embd=256, n_head=4, vocab=32000, positions=256, batch=4, seq=256)
 SETTINGS = {"default (TF32 convolutions allowed)": dict(enabled=True, allow_tf32=True),
             "TF32 off": dict(enabled=True, allow_tf32=False),
+            "deterministic cuDNN, TF32 off": dict(enabled=True, allow_tf32=False, deterministic=True),
             "cuDNN off": dict(enabled=False, allow_tf32=False)}
 
 
@@ -273,6 +274,8 @@ def main() -> None:
     ap.add_argument("--render", help="write benchmarks/cuda_checks.md from a --save file; run nothing")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny versions on the CPU (checks the script only)")
     ap.add_argument("--sections", nargs="+", default=["accuracy", "lm_head", "attention", "reorder"])
+    ap.add_argument("--sizes", nargs="+", default=["tiny", "small"], help="ResNet-18 sizes of the accuracy section")
+    ap.add_argument("--settings", nargs="+", help="cuDNN settings of the accuracy section (default: all)")
     a = ap.parse_args()
     global DEVICE, SETTINGS, GPT2_32K
     if a.render:
@@ -289,7 +292,9 @@ def main() -> None:
     meta = dict(revision=git_revision(), device=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
                 torch=torch.__version__, cuda=torch.version.cuda, elapsed=0.0)
     saved, start = dict(meta=meta), time.perf_counter()
-    sections = {"accuracy": lambda: [r for size in (("tiny",) if a.cpu_smoke else ("tiny", "small"))
+    if a.settings:
+        SETTINGS = {k: v for k, v in SETTINGS.items() if k in a.settings}
+    sections = {"accuracy": lambda: [r for size in (("tiny",) if a.cpu_smoke else a.sizes)
                                      for r in gradient_accuracy(size)],
                 "lm_head": split_lm_head, "attention": lambda: attention_blocks(a.cpu_smoke),
                 "reorder": lambda: reordering(a.cpu_smoke)}

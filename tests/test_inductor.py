@@ -504,11 +504,13 @@ def test_every_test_model_measures_within_its_budget_with_inductors_gradients(na
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("name", ["gpt2", "resnet"])
-def test_compiled_plan_on_cuda_fits_its_budget_and_matches_inductors_gradients(name):
+@pytest.mark.parametrize("name,size", [("gpt2", "tiny"), ("resnet", "small")])
+def test_compiled_plan_on_cuda_fits_its_budget_and_matches_inductors_gradients(name, size):
     """On a GPU (Triton kernels): a plan at fraction 0.5 with calibration measures within its budget
-    and near its prediction, and its gradients are those of Inductor's own unplanned step."""
-    ex = zoo.build(name, size="tiny", device="cuda")
+    and near its prediction, and its gradients are those of Inductor's own unplanned step. (ResNet at
+    ``small``: at ``tiny`` its step is 170 KiB, and on an H100 the compiled step held 31 KiB more than
+    the plan -- the convolutions' library workspaces -- so 0.5 was rightly refused as infeasible.)"""
+    ex = zoo.build(name, size=size, device="cuda")
     reference = copy.deepcopy(ex.model)
     planned = remat.compile(ex.model, *ex.args, budget=0.5, options={"fallback_random": True},
                             example_kwargs=ex.kwargs)
