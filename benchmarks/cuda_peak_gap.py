@@ -27,6 +27,7 @@ import remat  # noqa: E402
 from common import gpt2, log, measured_peak, mib, quiet, write_json  # noqa: E402
 
 DEVICE = "cuda"
+FULL = False  # --full: every event and instruction saved
 GPT2_8L = dict(n_layer=8, n_embd=512, n_head=8, vocab=8192, positions=512, batch=8, seq=512)
 
 
@@ -93,10 +94,11 @@ def analyse(step, reset, predicted: int | None, label: str) -> dict:
     for i in range(max(0, peak_at - 25), min(len(mem), peak_at + 5)):
         t, nbytes, th = mem[i]
         window.append(dict(i=i, op=innermost(ops, t, th), bytes=nbytes, running=series[i], thread=th))
-    out = dict(label=label, measured=measured, profiled_peak=peak, predicted=predicted, events=len(mem),
+    out = dict(label=label, measured=measured, profiled_peak=peak, predicted=predicted,
                threads=sorted({th for _, _, th in mem}), window=window,
                by_op=sorted(([k, *v] for k, v in by_op.items()), key=lambda r: -r[2])[:40],
-               net_end=series[-1] if series else 0)
+               net_end=series[-1] if series else 0,
+               events=[[nbytes, th, innermost(ops, t, th)] for t, nbytes, th in mem] if FULL else len(mem))
     log(f"{label}: measured {mib(measured)} MiB, profiled {mib(peak)} MiB, predicted {mib(predicted)} MiB; peak in "
         f"{window and [w['op'] for w in window if w['i'] == peak_at]}")
     return out
@@ -128,6 +130,11 @@ def plan_case(label, model, args, kwargs, loss, **options):
     k = sim.peak_index
     res["sim_peak_at"] = [dict(i=i, what=plan.instructions[i].describe(plan.graph), after=sim.timeline[i])
                           for i in range(max(0, k - 6), min(len(plan.instructions), k + 3))]
+    if FULL:
+        res["sim"] = [[ins.describe(plan.graph), sim.timeline[i],
+                       plan.graph.nodes[ins.target].workspace if ins.kind == "compute" else 0]
+                      for i, ins in enumerate(plan.instructions)]
+        res["sim_boundary"] = plan.boundary if hasattr(plan, "boundary") else None
     res["sim_workspace_at_peak"] = [plan.graph.nodes[plan.instructions[i].target].workspace
                                    for i in range(max(0, k - 6), min(len(plan.instructions), k + 3))
                                    if plan.instructions[i].kind == "compute"]
@@ -139,8 +146,10 @@ def main():
     ap.add_argument("--save")
     ap.add_argument("--cases", nargs="+", default=["mlp", "gpt2", "mha"])
     ap.add_argument("--cpu-smoke", action="store_true")
+    ap.add_argument("--full", action="store_true", help="save every memory event and plan instruction")
     a = ap.parse_args()
-    global DEVICE, GPT2_8L
+    global DEVICE, GPT2_8L, FULL
+    FULL = a.full
     if a.cpu_smoke:
         DEVICE, GPT2_8L = "cpu", dict(GPT2_8L, n_layer=1, batch=1, seq=64, n_embd=64, vocab=500)
     elif not torch.cuda.is_available():

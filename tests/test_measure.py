@@ -231,10 +231,22 @@ def test_cuda_mlp_step_peak_matches_hand_count():
     m = measure_step(
         step, device="cuda", warmup=1, repeats=3, setup=lambda: model.zero_grad(set_to_none=True)
     )
-    print(f"\nCUDA MLP step: expected {STEP_PEAK / MiB:.3f} MiB, {m.summary()}")
+    expected = STEP_PEAK + _bias_grad_reduction_scratch()
+    print(f"\nCUDA MLP step: expected {expected / MiB:.3f} MiB, {m.summary()}")
     assert m.device == f"cuda:{torch.cuda.current_device()}"
     assert len(m.samples) == 3 and all(s > 0 for s in m.samples)
-    assert abs(m.peak_bytes - STEP_PEAK) <= 0.05 * STEP_PEAK
+    assert abs(m.peak_bytes - expected) <= 0.05 * expected
+
+
+def _bias_grad_reduction_scratch() -> int:
+    """Bytes the bias gradient's reduction ``dz.sum(0)`` over ``BATCH`` rows allocates beyond its output
+    on this GPU. CUDA's reduction kernel stages partial sums in a buffer of the caching allocator: on
+    an H100 (torch 2.11) 32 MiB for this [4096, 1024] input, allocated at the step's peak (after dW_4),
+    so the step measured 116 MiB against the 84 MiB of tensors counted above. The CPU kernel has none."""
+    dz = torch.randn(BATCH, WIDTH, device="cuda")
+    dz.sum(0)  # warm-up
+    peak, out = peak_memory_growth(lambda: dz.sum(0), "cuda")
+    return peak - out.untyped_storage().nbytes()
 
 
 def test_allocator_method_counts_tensors_exactly():
