@@ -23,6 +23,12 @@ mkdir -p "$out"
 limit=${GPU_JOB_SECONDS:-420}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src:${PYTHONPATH:-}" OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-4}
+# Expandable segments: the caching allocator then splits cached blocks down to 512 bytes, so a tensor holds
+# its own size (without them it may hold a block up to 1 MiB larger: benchmarks/cuda_peak_gap.md).
+# GPU_DEFAULT_ALLOCATOR=1 keeps PyTorch's default instead.
+if [ "${GPU_DEFAULT_ALLOCATOR:-0}" != 1 ]; then
+    export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+fi
 python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'" || exit 1
 timeout "$limit" python3 -m pytest -q -p no:cacheprovider -n 3 --dist loadfile tests/test_offload.py \
     tests/test_measure.py tests/test_cost_profile.py tests/test_inductor.py -k "cuda or pinned" \

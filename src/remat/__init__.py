@@ -21,7 +21,7 @@ from .api import LengthPlan, RematModule, capture_and_plan, compile, optimize, p
 from .capture import register_accelerate_backend as _register_accelerate_backend
 from .capture import watch_for_transformers as _watch_for_transformers
 from .errors import CaptureError, InfeasibleBudgetError, InvalidPlanError, RematError, SolverError, SolverTimeLimitWarning
-from .errors import MeasuredAboveBudgetWarning, NotTrainingWarning, UnsupportedWrappingError
+from .errors import AllocatorRoundingWarning, MeasuredAboveBudgetWarning, NotTrainingWarning, UnsupportedWrappingError
 from .graph import Graph
 from .inductor import partitioner
 from .measure import StepMeasurement, measure_step
@@ -62,6 +62,7 @@ __all__ = [
     "SolverTimeLimitWarning",
     "NotTrainingWarning",
     "MeasuredAboveBudgetWarning",
+    "AllocatorRoundingWarning",
     "UnsupportedWrappingError",
     "__version__",
 ]

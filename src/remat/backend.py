@@ -30,6 +30,7 @@ from .execute.lowering import lower
 from .execute.optimizer import with_optimizer_steps
 from .execute.runtime import boxed
 from .execute.transfer import make_transfer_meta
+from .measure import warn_if_cuda_blocks_rounded
 from .solvers.cache import plan_with_cache
 from .simulate import peak_lower_bound
 from .solvers.planner import given_plan, quick_minimum, resolve, store_all_plan
@@ -48,6 +49,7 @@ def make_partition_fn(opts: BackendOptions, updated_params: dict | None = None):
     the parameters ``opts.optimizer`` updates inside the backward."""
     def capture(joint, num_fwd_outputs, no_workspace=frozenset()):
         device = joint_device(joint)
+        warn_if_cuda_blocks_rounded(device)
         if updated_params:
             joint = with_optimizer_steps(joint, num_fwd_outputs, opts.optimizer, updated_params)
         workspace_fn = make_workspace_fn(opts.workspace)

@@ -96,6 +96,12 @@ class MeasuredAboveBudgetWarning(UserWarning):
     plan to re-plan to: the measured peak is the smallest this compiler reaches."""
 
 
+class AllocatorRoundingWarning(UserWarning):
+    """On CUDA without expandable segments, PyTorch's caching allocator may give a tensor over 1 MiB a
+    cached block up to 1 MiB larger than the tensor and count the whole block as allocated: measured
+    peaks then exceed the plan's by up to 1 MiB per such tensor alive at the peak."""
+
+
 class NotTrainingWarning(UserWarning):
     """``optimize`` or ``plan`` was called on a model in eval mode or with gradients disabled:
     what gets planned, or what runs, is not the training step the user probably means."""

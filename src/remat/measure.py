@@ -342,6 +342,49 @@ def _allocator_peak_cpu(fn: Callable[[], Any], collect_garbage: bool = True) -> 
 
 
 # --------------------------------------------------------------------------------------------
+# CUDA allocator settings
+# --------------------------------------------------------------------------------------------
+
+_ROUNDING_WARNED = False
+
+
+def cuda_expandable_segments() -> bool:
+    """Whether the CUDA caching allocator was configured with expandable segments, read from
+    ``PYTORCH_CUDA_ALLOC_CONF`` (or ``PYTORCH_ALLOC_CONF``), the way a process sets it before its first
+    CUDA allocation. (A setting changed at run time through torch's private API is not seen.)"""
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        for item in os.environ.get(var, "").split(","):
+            key, _, value = item.partition(":")
+            if key.strip() == "expandable_segments":
+                return value.strip().lower() == "true"
+    return False
+
+
+def warn_if_cuda_blocks_rounded(device) -> None:
+    """Warn once per process, for a CUDA ``device``, when expandable segments are off.
+
+    The caching allocator serves a request over 1 MiB from the smallest cached block that fits and
+    splits that block only when more than 1 MiB would remain; otherwise the tensor holds the whole
+    block, and ``memory_allocated`` (what the budget bounds) counts it: up to 1 MiB more than the
+    tensor, depending on which blocks the cache holds. On an H100 this put plans 1-6 MiB above their
+    predictions (a GPT-2 plan of 397 MiB, an attention block of 14 MiB). With expandable segments it
+    splits down to 512-byte granularity, which is what the simulator counts."""
+    global _ROUNDING_WARNED
+    if _ROUNDING_WARNED or torch.device(device).type != "cuda" or cuda_expandable_segments():
+        return
+    _ROUNDING_WARNED = True
+    import warnings
+
+    from .errors import AllocatorRoundingWarning
+
+    warnings.warn(AllocatorRoundingWarning(
+        "CUDA's caching allocator runs without expandable segments: it may give a tensor over 1 MiB a cached "
+        "block up to 1 MiB larger and count all of it, so measured peaks can exceed the plan by up to 1 MiB "
+        "per such tensor alive at the peak. Start the process with "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for peaks that match the plan"), stacklevel=3)
+
+
+# --------------------------------------------------------------------------------------------
 # Public entry points
 # --------------------------------------------------------------------------------------------
 

@@ -95,6 +95,7 @@ from ..errors import CaptureError, InfeasibleBudgetError
 from ..execute import compiled_ops  # noqa: F401  (registers remat's operators before any compiled graph runs)
 from ..execute.lowering import lower
 from ..execute.transfer import make_transfer_meta
+from ..measure import warn_if_cuda_blocks_rounded
 from ..solvers.cache import code_fingerprint, plan_with_cache
 from ..solvers.options import BackendOptions
 from ..solvers.planner import given_plan, is_min, quick_minimum, resolve, store_all_plan, uses_swaps
@@ -259,6 +260,7 @@ class RematPartitioner(CustomPartitionerFn):
         what recomputation reaches, or where that is much cheaper. ``split_step``: a split step,
         planned by ``SPLIT_FIRST_SOLVER`` first; ``quick_only``: None unless a quick plan fits."""
         opts = self.options
+        warn_if_cuda_blocks_rounded(device)
         capture = capture_joint(
             planned_gm, num_fwd_outputs,
             cost_fn=costs.node_seconds if costs else make_cost_fn(opts.cost_model, device),
