@@ -13,6 +13,9 @@ Run: ``.venv/bin/python benchmarks/split.py [--quick]`` (writes ``benchmarks/spl
    peak and step time of eager PyTorch, ``F.linear_cross_entropy``'s chunked path (torch 2.13),
    ``torch.compile`` with and without Inductor's auto-chunker, and remat's split plans.
 
+``--faster`` (writes ``benchmarks/split_faster.md``): ``split="auto"`` at budgets the step fits unsplit with
+recomputation, against ``split="off"``: chunks chosen, predicted overheads, measured peaks and step times.
+
 ``--blocks`` (writes ``benchmarks/split_blocks.md``): ResNet-18 and ``cnn_bn`` of the zoo (BatchNorm,
 split in two passes over chunks of images), a ``scaled_dot_product_attention`` block and an
 ``nn.MultiheadAttention`` block: the smallest budget without and with splits, whether a fraction of
@@ -85,6 +88,38 @@ def measured_rows(model, kwargs, runs):
              f"(recomputation only): unsplit (predicted overhead {plain.plan.step_overhead:+.1%}) {base * 1e3:.0f} ms "
              f"per step, split into 8 chunks ({split.plan.step_overhead:+.1%}) {medians['split'] * 1e3:.0f} ms: "
              f"ratio **{ratios['split']:.3f}** (median of 5 alternating rounds).", ""]
+    return rows
+
+
+def faster_rows(model, kwargs, rounds: int = 5):
+    """``split="auto"`` at budgets the step fits unsplit with recomputation: what it chooses (split where a
+    split plan is predicted faster) against ``split="off"``, both by ``auto``: predicted overheads, plan
+    times, measured peaks and step time (median ratio of alternating rounds)."""
+    import remat
+
+    unsplit_min = remat.plan(model, **kwargs, budget="min", split="off", cache=False).peak_bytes
+    rows = md_header(["budget", "`split='off'`: overhead, plan time", "`split='auto'`: chunks, overhead, plan time",
+                      "measured peak off / auto", "step auto / off"])
+    for factor in (1.0, 1.1, 1.25):
+        budget = int(unsplit_min * factor)
+        t0 = time.perf_counter()
+        off = remat.optimize(copy.deepcopy(model), **kwargs, budget=budget, split="off", cache=False)
+        t_off = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        auto = remat.optimize(copy.deepcopy(model), **kwargs, budget=budget, cache=False)
+        t_auto = time.perf_counter() - t0
+        peaks = [measured_peak(m, lambda m=m: m(**kwargs).backward()) for m in (off, auto)]
+        chunks = auto.plan.info.get("split", {}).get("chunks", "-")
+        if chunks == "-":
+            ratio = "same plan"
+        else:
+            _, _, ratios = time_against((off, lambda: off(**kwargs).backward()),
+                                        {"auto": (auto, lambda: auto(**kwargs).backward())}, rounds=rounds)
+            ratio = f"**{ratios['auto']:.3f}**"
+        rows.append(f"| {mib(budget)} MiB ({factor:.2f}x the unsplit minimum) | {off.plan.step_overhead:+.1%}, "
+                    f"{t_off:.1f} s | {chunks}, {auto.plan.step_overhead:+.1%}, {t_auto:.1f} s | "
+                    f"{mib(peaks[0])} / {mib(peaks[1])} MiB | {ratio} |")
+        log(rows[-1])
     return rows
 
 
@@ -349,8 +384,28 @@ def main():
     parser.add_argument("--start", type=int, default=1, help="the largest-batch search's first batch")
     parser.add_argument("--max-batch", metavar="MiB", type=int, default=None,
                         help="only the largest-batch search under this many MiB (writes benchmarks/split_batch.md)")
+    parser.add_argument("--faster", action="store_true",
+                        help="only split='auto' where the step fits unsplit (writes benchmarks/split_faster.md)")
     a = parser.parse_args()
     process_setup()
+    if a.faster:
+        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        cfg = GPT2_QUICK if a.quick else GPT2_32K
+        model, _, kwargs = gpt2(cfg)
+        rows = faster_rows(model, kwargs)
+        text = "\n".join([
+            "# Splitting where it is faster, not only where it is needed", "",
+            f"`benchmarks/split.py {' '.join(sys.argv[1:])}` at {git_revision()}, {started}; {machine_facts()}.", "",
+            f"GPT-2, {cfg['n_layer']} layers, width {cfg['n_embd']}, vocabulary {cfg['vocab']}, {cfg['batch']} x "
+            f"{cfg['seq']} tokens; solver `auto`, `profile` cost model. At budgets the step fits as captured, "
+            "`split='auto'` weighs split plans against the unsplit one when that one's predicted overhead is above "
+            "2%, and takes a split plan predicted at least 2% faster. Overheads are predicted, each against its own "
+            "step's store-all compute; peaks measured (allocator, one step); step times in 5 alternating rounds.", "",
+            *rows, ""])
+        if not a.quick:
+            (HERE / "split_faster.md").write_text(text)
+        print(text)
+        return
     if a.blocks:
         started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         rows, notes = block_rows(a.quick)

@@ -93,6 +93,10 @@ def make_partition_fn(opts: BackendOptions, updated_params: dict | None = None):
 
 
 MIN_GAIN = 0.02  # budget="min": a larger split factor must lower the peak by this fraction to be tried further
+# split="auto" at a budget the step fits as captured: a plan predicted to spend more than this fraction of the
+# step on recomputation and stalls is weighed against split plans, which are taken when predicted this much faster
+FASTER_SPLIT_OVERHEAD = 0.02
+FASTER_SPLIT_GAIN = 0.02
 
 
 def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts: BackendOptions):
@@ -100,7 +104,11 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     (:mod:`remat.capture.split`).
 
     ``split="auto"`` (with ``solver="auto"``; a named solver plans the step as captured): the step as
-    captured, unless no plan fits the budget; then the split sites with 2, 4, 8, ... chunks: the
+    captured where its plan fits the budget, unless that plan's predicted overhead is above
+    ``FASTER_SPLIT_OVERHEAD``: then split plans (``SPLIT_FIRST_SOLVER``, 2, 4, 8, ... chunks while each is
+    faster) are weighed against it and the fastest is taken when its predicted step time is
+    ``FASTER_SPLIT_GAIN`` below the unsplit plan's (smaller chunks need less recomputation). Where no plan
+    fits as captured, the split sites with 2, 4, 8, ... chunks: the
     fewest chunks whose quick plans fit (seconds; fewer chunks, fewer extra launches), planned by
     ``SPLIT_FIRST_SOLVER`` (else ``auto``); if no quick plan fits, each factor in full. With ``budget="min"``, more chunks while each
     lowers the quick planners' smallest peak by ``MIN_GAIN``, then the smallest plan of that factor
@@ -111,13 +119,19 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     if opts.plan is not None or split in ("off", 1) or (split == "auto" and opts.solver != "auto"):
         return captured, plan(captured.graph, opts.budget)
     budget = opts.budget
+    fitting = None  # the unsplit step's plan, where it fits the budget but recomputes much
     if not (isinstance(split, int) or is_min(budget)):
-        try:  # most steps fit as captured: no sites looked for
-            return captured, plan(captured.graph, budget)
+        try:  # most steps fit as captured with little overhead: no sites looked for
+            fitting = plan(captured.graph, budget)
         except InfeasibleBudgetError as err:
             refused = err
+        else:
+            if fitting.step_overhead <= FASTER_SPLIT_OVERHEAD:
+                return captured, fitting
     sites = find_sites(joint, num_fwd_outputs)
     if not sites:
+        if fitting is not None:
+            return captured, fitting
         if isinstance(split, int) or is_min(budget):
             return captured, plan(captured.graph, budget)
         raise refused
@@ -141,6 +155,10 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
         planned.info["split"] = {"chunks": k, "sites": [site.describe() for site in sites]}
         return chunked(k), planned
 
+    if fitting is not None:
+        if fitting.budget_bytes is None:
+            return captured, fitting
+        return _faster_of(captured, fitting, chunked, sites, fitting.budget_bytes, plan)
     if isinstance(split, int):  # a fraction of the unsplit step's peak
         return with_chunks(split, resolve(captured.graph, budget) if is_fraction(budget) else budget)
     if is_min(budget):  # the factor from the quick planners (seconds), then one full search
@@ -174,6 +192,29 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
         refused.budget_bytes, least, f"with its largest ops split into up to {SPLIT_FACTORS[-1]} chunks",
         solver=refused.solver, budget_fraction=refused.budget_fraction,
         min_budget_fraction=bytes_to_fraction(least, store, fixed)) from None
+
+
+def _faster_of(captured, unsplit, chunked, sites, budget_bytes: int, plan):
+    """``(capture, plan)``: the unsplit step's fitting ``unsplit`` plan, or a split step's plan by
+    ``SPLIT_FIRST_SOLVER`` within ``budget_bytes`` whose predicted step (compute and stalls) is at least
+    ``FASTER_SPLIT_GAIN`` faster; chunk counts from 2 up while each is faster than the one before."""
+    best = (captured, unsplit)
+    for k in SPLIT_FACTORS:
+        graph = chunked(k).graph
+        if quick_minimum(graph) > budget_bytes:
+            continue  # this factor needs a full search to fit at all: not worth one for speed
+        try:
+            candidate = plan(graph, budget_bytes, SPLIT_FIRST_SOLVER)
+        except InfeasibleBudgetError:
+            continue
+        if candidate.simulation.step_seconds >= best[1].simulation.step_seconds * (1 - FASTER_SPLIT_GAIN):
+            break
+        candidate.info["split"] = {"chunks": k, "sites": [site.describe() for site in sites]}
+        candidate.info["chosen by"] = (
+            f"auto: split into {k} chunks, predicted {candidate.step_overhead:+.1%} against the unsplit "
+            f"plan's {unsplit.step_overhead:+.1%} (its own store-all compute each)")
+        best = (chunked(k), candidate)
+    return best
 
 
 def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions, capture_id: int):
