@@ -45,7 +45,9 @@ of the budget) per term of a peak, and a table serves every budget within a fact
 new budget usually costs no DP at all. The chosen schedule is expanded into the graph's ops and
 checked by the simulator; since rounding and the model are conservative, the DP is also read at
 budgets up to 20% higher (``PROBES_UP``; lower ones if even the first plan does not fit) and the
-cheapest simulated plan that fits is kept.
+cheapest simulated plan that fits is kept. A schedule's compute time is known without simulating it
+(the sum of its ops' costs), so the probes up are simulated cheapest first, and only while one could
+still beat the best fitting plan found.
 """
 
 from __future__ import annotations
@@ -378,6 +380,20 @@ class ChainDP:
         return out
 
     def plan_from_events(self, events: list[tuple], **plan_kwargs) -> Plan:
+        return Plan.from_schedule(self.chain.graph, *self.schedule_from_events(events), **plan_kwargs)
+
+    def compute_seconds_of(self, events: list[tuple]) -> float:
+        """The compute time of the events' schedule (its ops' costs, summed in the simulator's order),
+        without simulating it."""
+        nodes = self.chain.graph.nodes
+        total = 0.0
+        for part in self.schedule_from_events(events):
+            for n in part:
+                total += nodes[n].cost
+        return total
+
+    def schedule_from_events(self, events: list[tuple]) -> tuple[list[int], list[int]]:
+        """The events expanded into the graph's forward and backward op lists."""
         chain, L = self.chain, self.chain.length
         forward: list[int] = list(chain.constant_nodes)
         backward: list[int] = []
@@ -401,7 +417,7 @@ class ChainDP:
                 target.extend(self.direct[ev[1]].backward)
             else:
                 target.extend((self.tails if ev[3] else self.menus)[ev[1]][ev[2]].backward)
-        return Plan.from_schedule(chain.graph, forward, backward, **plan_kwargs)
+        return forward, backward
 
     def smallest_slots(self, slot: int) -> int | None:
         value, _ = self.table(slot)
@@ -436,8 +452,22 @@ class ChainDP:
             slot = self.slot_for(memory)
             first = probe(1.0, slot)
             if first is not None and first.peak_bytes <= budget_bytes:
-                for f in PROBES_UP:  # all of them: the simulated peak is not monotone in the DP's budget
-                    probe(f, slot)
+                # every probe up may fit (the simulated peak is not monotone in the DP's budget), but only
+                # one cheaper than the best fitting plan so far can win: simulated cheapest first, while so
+                candidates = []
+                for f in PROBES_UP:
+                    evs = self.events(slot, int(math.floor(memory * f / slot)))
+                    if evs is not None and tuple(evs) not in seen:
+                        seen.add(tuple(evs))
+                        candidates.append((self.compute_seconds_of(evs), evs))
+                best_fit = first.compute_seconds
+                for cost, evs in sorted(candidates, key=lambda c: c[0]):
+                    if cost > best_fit:
+                        break  # every later candidate costs at least this much
+                    plan = self.plan_from_events(evs, solver=solver)
+                    plans.append(plan)
+                    if plan.peak_bytes <= budget_bytes:
+                        best_fit = min(best_fit, plan.compute_seconds)
             else:
                 for f in PROBES_DOWN:
                     p = probe(f, slot)
