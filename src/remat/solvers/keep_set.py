@@ -30,8 +30,9 @@ schedule's peak, and then an optimal one.
 The ``keep_set`` solver (:func:`keep_set`) plans a whole graph this way, the class of plans
 Inductor's min-cut partitioner makes (one set of values kept, the rest recomputed where the
 backward needs it), but with the least compute for each save budget rather than the fewest bytes:
-it tries save budgets on a grid, keeps the cheapest schedule whose simulated peak fits the budget,
-and bisects between that save budget and the next one up. ``auto`` runs it beside the hierarchical
+it tries save budgets on a grid from the largest down, stops at the first whose plain schedule's
+simulated peak fits the budget (keeping less never costs less), and bisects between that save budget and the
+next one up. ``auto`` runs it beside the hierarchical
 planner, whose DP over blocks can miss such plans.
 """
 
@@ -191,10 +192,14 @@ class KeepSetPlanner:
         total = self.model.backward_read_bytes
         grid = sorted({round(k * total / SAVE_GRID) for k in range(SAVE_GRID + 1)}, reverse=True)
         found: dict[int, list[Plan]] = {}
-        for save in grid:
+        for save in grid:  # largest first: the first save budget with a fitting plan is the cheapest one
             if left() <= 0:
                 break
             found[save] = self.plans_at(save, min(SOLVE_TIME_LIMIT, max(left(), 0.1)))
+            if found[save] and fits(found[save][0]):
+                # the plain schedule of the cheapest kept set fits: keeping less never costs less compute
+                # (the optimum is monotone in the save budget, and a lean schedule costs at least as much)
+                break
         fitting_saves = [s for s, plans in found.items() if any(fits(p) for p in plans)]
         if fitting_saves and budget_bytes is not None:
             # the cheapest fitting plan keeps as much as fits: search between it and the next grid point
@@ -227,9 +232,9 @@ def keep_set_planner(graph: Graph) -> KeepSetPlanner:
 def keep_set(graph: Graph, budget_bytes: int | None, *, time_limit: float | None = None, **options) -> Plan:
     """The cheapest schedule that keeps a set of forward values and recomputes the rest in the backward
     (the plans Inductor's min-cut partitioner makes), over save budgets: for each save budget ``s`` on a
-    grid of ``k/SAVE_GRID`` of the bytes storing everything keeps, the exact least-compute kept set
-    within ``s`` (:class:`KeepSetModel`), scheduled plainly and lean; then bisection between the best
-    fitting ``s`` and the next. Returns the cheapest plan within the budget, else the smallest peak."""
+    grid of ``k/SAVE_GRID`` of the bytes storing everything keeps, largest first until a schedule fits,
+    the exact least-compute kept set within ``s`` (:class:`KeepSetModel`), scheduled plainly and lean;
+    then bisection between the best fitting ``s`` and the next. Returns the cheapest plan within the budget, else the smallest peak."""
     if options:
         raise SolverError(f"keep_set takes no options, got {sorted(options)}")
     return keep_set_planner(graph).solve(budget_bytes, DEFAULT_TIME_LIMIT if time_limit is None else time_limit)
