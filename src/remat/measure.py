@@ -67,6 +67,7 @@ import statistics
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -373,8 +374,6 @@ def warn_if_cuda_blocks_rounded(device) -> None:
     if _ROUNDING_WARNED or torch.device(device).type != "cuda" or cuda_expandable_segments():
         return
     _ROUNDING_WARNED = True
-    import warnings
-
     from .errors import AllocatorRoundingWarning
 
     warnings.warn(AllocatorRoundingWarning(

@@ -31,9 +31,9 @@ The ``keep_set`` solver (:func:`keep_set`) plans a whole graph this way, the cla
 Inductor's min-cut partitioner makes (one set of values kept, the rest recomputed where the
 backward needs it), but with the least compute for each save budget rather than the fewest bytes:
 it tries save budgets on a grid from the largest down, stops at the first whose plain schedule's
-simulated peak fits the budget (keeping less never costs less), and bisects between that save budget and the
-next one up. ``auto`` runs it beside the hierarchical
-planner, whose DP over blocks can miss such plans.
+simulated peak fits the budget (keeping less never costs less), and bisects between that save budget
+and the next one up. ``auto`` runs it beside the hierarchical planner, whose DP over blocks can miss
+such plans.
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ class KeepSetPlanner:
         total = self.model.backward_read_bytes
         grid = sorted({round(k * total / SAVE_GRID) for k in range(SAVE_GRID + 1)}, reverse=True)
         found: dict[int, list[Plan]] = {}
-        for save in grid:  # largest first: the first save budget with a fitting plan is the cheapest one
+        for save in grid:  # largest first, down to the first whose cheapest kept set's plain schedule fits
             if left() <= 0:
                 break
             found[save] = self.plans_at(save, min(SOLVE_TIME_LIMIT, max(left(), 0.1)))
