@@ -3,7 +3,8 @@
 Run (on a machine with a CUDA GPU): ``python benchmarks/cuda_peak_gap.py --save F``. For each case,
 one warmed-up step runs under ``torch.profiler`` with ``profile_memory=True``: every CUDA allocation
 and free (bytes signed) in time order, each attributed to the innermost ATen op running on its thread
-when it happened. Saved per case: the measured peak growth and the predicted one, the op during which
+when it happened. Saved per case: the measured peak growth (allocated blocks), the requested one (what
+the allocations asked for, before the allocator rounds blocks up) and the predicted one, the op during which
 the measured peak is reached and the ops before it, and per op name the bytes its calls left allocated
 beyond their outputs' share (transients that outlive the op, such as library workspaces).
 """
@@ -69,6 +70,24 @@ def innermost(ops, t, thread):
     return "(no op)"
 
 
+def requested_peak(step, reset) -> int | None:
+    """Peak growth of the bytes the step's allocations asked for (the caching allocator's
+    ``requested_bytes``: before its rounding of blocks), or None off CUDA."""
+    if DEVICE != "cuda":
+        return None
+    import gc
+
+    reset()
+    gc.collect()
+    sync()
+    start = torch.cuda.memory_stats().get("requested_bytes.all.current")
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    sync()
+    peak = torch.cuda.memory_stats().get("requested_bytes.all.peak")
+    return None if start is None or peak is None else max(peak - start, 0)
+
+
 def analyse(step, reset, predicted: int | None, label: str) -> dict:
     """``reset()`` (outside what is measured) sets the gradients to None before each ``step()``."""
     reset()
@@ -94,7 +113,8 @@ def analyse(step, reset, predicted: int | None, label: str) -> dict:
     for i in range(max(0, peak_at - 25), min(len(mem), peak_at + 5)):
         t, nbytes, th = mem[i]
         window.append(dict(i=i, op=innermost(ops, t, th), bytes=nbytes, running=series[i], thread=th))
-    out = dict(label=label, measured=measured, profiled_peak=peak, predicted=predicted,
+    out = dict(label=label, measured=measured, requested=requested_peak(step, reset), profiled_peak=peak,
+               predicted=predicted,
                threads=sorted({th for _, _, th in mem}), window=window,
                by_op=sorted(([k, *v] for k, v in by_op.items()), key=lambda r: -r[2])[:40],
                net_end=series[-1] if series else 0,
@@ -181,7 +201,7 @@ def main():
         saved["elapsed"] = time.perf_counter() - t0
         if a.save:
             write_json(a.save, saved)
-    print(json.dumps([{k: c.get(k) for k in ("label", "measured", "profiled_peak", "predicted", "error")}
+    print(json.dumps([{k: c.get(k) for k in ("label", "measured", "requested", "profiled_peak", "predicted", "error")}
                       for c in saved["cases"]], indent=1))
 
 
