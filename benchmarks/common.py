@@ -194,6 +194,23 @@ def seeded_grads(model, step: Callable[[], None], seed: int = 0, device=None) ->
     return grads(model)
 
 
+def grad_errors(got: list, ref: list, names: list[str] | None = None) -> dict:
+    """Two :func:`grads` lists compared: ``max_rel``, the largest over parameters of max|got - ref| /
+    max|ref| (a gradient near zero everywhere makes it large), ``where`` its parameter (from ``names``),
+    and ``l2``, the relative L2 norm of the difference over all parameters together."""
+    worst, where, num, den = 0.0, None, 0.0, 0.0
+    for a, b, name in zip(got, ref, names or [None] * len(ref)):
+        if a is None or b is None:
+            continue
+        a, b = a.double(), b.double()
+        d = float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+        if d > worst:
+            worst, where = d, name
+        num += float(((a - b) ** 2).sum())
+        den += float((b ** 2).sum())
+    return dict(max_rel=worst, where=where, l2=(num / den) ** 0.5 if den else 0.0)
+
+
 def bitwise_equal(got: list, ref: list) -> bool:
     """Whether two :func:`grads` lists are equal bit for bit (None where the other is None)."""
     import torch

@@ -43,8 +43,8 @@ from remat import models as zoo  # noqa: E402
 from remat.budget import fixed_bytes  # noqa: E402
 from remat.errors import RematError  # noqa: E402
 from common import (  # noqa: E402
-    HERE, bitwise_equal, capture_store_all, fmt, git_revision, gpt2, log, make_step, md_header, measured_peak, mib,
-    pct, quiet, seeded_grads, time_against, write_json)
+    HERE, bitwise_equal, capture_store_all, fmt, git_revision, gpt2, grad_errors, log, make_step, md_header,
+    measured_peak, mib, pct, quiet, seeded_grads, time_against, write_json)
 
 DEVICE = "cuda"  # --cpu-smoke: "cpu" (to check the script where there is no GPU)
 ROUNDS = 10
@@ -60,18 +60,6 @@ def build(name: str, quick: bool):
         return model.to(DEVICE).train(), args, kwargs, lambda out: out
     ex = zoo.build("resnet18", size="tiny" if quick else "medium", seed=0, device=DEVICE)
     return ex.model, ex.args, ex.kwargs, ex.loss
-
-
-def rel_diff(got: list, ref: list) -> float:
-    """The largest, over parameters, of max|got - ref| / max|ref| (per tensor: a gradient near zero
-    everywhere makes it large)."""
-    worst = 0.0
-    for a, b in zip(got, ref):
-        if a is None or b is None:
-            continue
-        scale = b.double().abs().max().clamp_min(1e-30)
-        worst = max(worst, ((a.double() - b.double()).abs().max() / scale).item())
-    return worst
 
 
 def bench_model(name: str, quick: bool, rounds: int, progress=lambda partial: None) -> dict:
@@ -114,7 +102,7 @@ def bench_model(name: str, quick: bool, rounds: int, progress=lambda partial: No
                        offload_peak=p.offload_peak_bytes, stall_ms=p.simulation.stall_seconds * 1e3)
             step = make_step(mod, args, kwargs, loss)
             got = seeded_grads(model, step, device=DEVICE)
-            row.update(bitwise=bitwise_equal(got, ref), vs_eager=rel_diff(got, ref_eager))
+            row.update(bitwise=bitwise_equal(got, ref), vs_eager=grad_errors(got, ref_eager)["max_rel"])
             row["measured"] = measured_peak(model, step, DEVICE)
             steps[label] = step
             log(f"  {label}: budget {mib(row['budget'])}, predicted {mib(row['predicted'])}, measured "

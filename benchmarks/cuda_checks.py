@@ -42,7 +42,7 @@ import torch  # noqa: E402
 import remat  # noqa: E402
 from remat import models as zoo  # noqa: E402
 from common import (  # noqa: E402
-    HERE, bitwise_equal, git_revision, gpt2, grads, log, make_step, md_header, measured_peak, mib, quiet,
+    HERE, bitwise_equal, git_revision, gpt2, grad_errors, log, make_step, md_header, measured_peak, mib, quiet,
     seeded_grads, time_against, write_json)
 
 DEVICE = "cuda"
@@ -51,22 +51,6 @@ SETTINGS = {"default (TF32 convolutions allowed)": dict(enabled=True, allow_tf32
             "TF32 off": dict(enabled=True, allow_tf32=False),
             "deterministic cuDNN, TF32 off": dict(enabled=True, allow_tf32=False, deterministic=True),
             "cuDNN off": dict(enabled=False, allow_tf32=False)}
-
-
-def errors(got: list, ref: list, names: list[str]) -> dict:
-    """Largest per-parameter max|got - ref| / max|ref| (and its parameter), and the relative L2 norm
-    of the difference over all parameters together."""
-    worst, where, num, den = 0.0, None, 0.0, 0.0
-    for a, b, name in zip(got, ref, names):
-        if a is None or b is None:
-            continue
-        a, b = a.double(), b.double()
-        d = float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
-        if d > worst:
-            worst, where = d, name
-        num += float(((a - b) ** 2).sum())
-        den += float((b ** 2).sum())
-    return dict(max_rel=worst, where=where, l2=(num / den) ** 0.5 if den else 0.0)
 
 
 def to_device(xs, dtype=None):
@@ -88,13 +72,13 @@ def gradient_accuracy(size: str) -> list[dict]:
                 e1 = seeded_grads(ex.model, eager, device=DEVICE)
                 e2 = seeded_grads(ex.model, eager, device=DEVICE)
                 row["eager_repeat_bitwise"] = bitwise_equal(e1, e2)
-                row["eager"] = errors(e1, ref, names)
+                row["eager"] = grad_errors(e1, ref, names)
                 for solver in ("store_all", "checkpoint_all"):
                     module = remat.optimize(ex.model, *ex.args, solver=solver, cost_model="flops", cache=False,
                                             **ex.kwargs)
                     got = seeded_grads(ex.model, make_step(module, ex.args, ex.kwargs, ex.loss), device=DEVICE)
-                    row[solver] = errors(got, ref, names)
-                    row[f"{solver}_vs_eager"] = errors(got, e1, names)
+                    row[solver] = grad_errors(got, ref, names)
+                    row[f"{solver}_vs_eager"] = grad_errors(got, e1, names)
                     if solver == "store_all":
                         store = got
                         row["batch_norm_ops"] = sorted({n.op for n in module.plan.graph.nodes if "batch_norm" in n.op})
@@ -119,7 +103,7 @@ def plan_row(label, model, args, kwargs, loss, module, ref=None) -> dict:
                measured=measured_peak(model, step, DEVICE), recomputations=plan.recomputations,
                overhead=plan.step_overhead, chunks=(plan.info.get("split") or {}).get("chunks"))
     if ref is not None:
-        row["vs_ref"] = errors(got, ref, names)
+        row["vs_ref"] = grad_errors(got, ref, names)
         row["bitwise_ref"] = bitwise_equal(got, ref)
     log(f"  {label}: predicted {mib(row['predicted'])}, measured {mib(row['measured'])} MiB, chunks {row['chunks']}")
     return row, step, got

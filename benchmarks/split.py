@@ -224,7 +224,6 @@ def block_models(quick: bool):
 def gradient_errors(model, args, wrapped) -> tuple[float, float]:
     """The largest gradient error of eager float32 and of ``wrapped`` (a step runs) against a float64
     eager step, each relative to the reference tensor's largest entry."""
-    import torch
 
     def grads(module, inputs):
         module.zero_grad(set_to_none=True)
@@ -373,6 +372,17 @@ def max_batch_rows(limit: int, start: int = 1, max_batch: int = 40):
     return rows
 
 
+def report(title: str, started: str, lines: list[str], name: str | None) -> None:
+    """Print a report headed by ``title`` and the run's provenance line; write it to ``benchmarks/name``
+    (None: print only)."""
+    text = "\n".join([f"# {title}", "",
+                      f"`benchmarks/split.py {' '.join(sys.argv[1:])}` at {git_revision()}, {started}; "
+                      f"{machine_facts()}.", "", *lines])
+    if name is not None:
+        (HERE / name).write_text(text)
+    print(text)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -388,89 +398,64 @@ def main():
                         help="only split='auto' where the step fits unsplit (writes benchmarks/split_faster.md)")
     a = parser.parse_args()
     process_setup()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    cfg = GPT2_QUICK if a.quick else GPT2_32K
+
+    def written(name: str) -> str | None:  # --quick runs print only
+        return None if a.quick else name
+
     if a.faster:
-        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        cfg = GPT2_QUICK if a.quick else GPT2_32K
         model, _, kwargs = gpt2(cfg)
         rows = faster_rows(model, kwargs)
-        text = "\n".join([
-            "# Splitting where it is faster, not only where it is needed", "",
-            f"`benchmarks/split.py {' '.join(sys.argv[1:])}` at {git_revision()}, {started}; {machine_facts()}.", "",
+        report("Splitting where it is faster, not only where it is needed", started, [
             f"GPT-2, {cfg['n_layer']} layers, width {cfg['n_embd']}, vocabulary {cfg['vocab']}, {cfg['batch']} x "
             f"{cfg['seq']} tokens; solver `auto`, `profile` cost model. At budgets the step fits as captured, "
             "`split='auto'` weighs split plans against the unsplit one when that one's predicted overhead is above "
             "2%, and takes a split plan predicted at least 2% faster. Overheads are predicted, each against its own "
             "step's store-all compute; peaks measured (allocator, one step); step times in 5 alternating rounds.", "",
-            *rows, ""])
-        if not a.quick:
-            (HERE / "split_faster.md").write_text(text)
-        print(text)
+            *rows, ""], written("split_faster.md"))
         return
     if a.blocks:
-        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         rows, notes = block_rows(a.quick)
-        text = "\n".join([
-            "# Splits by image or sequence: BatchNorm CNNs and attention blocks", "",
-            f"`benchmarks/split.py {' '.join(sys.argv[1:])}` at {git_revision()}, {started}; {machine_facts()}.", "",
+        report("Splits by image or sequence: BatchNorm CNNs and attention blocks", started, [
             "Smallest budget (`budget=\"min\"`, predicted peaks; `profile` cost model): the step as captured with "
             "recomputation only (`auto`, `split=\"off\"`) and with offload (`hybrid`); split into 2, 4, 8 and 16 "
             "chunks of whole images or sequences (BatchNorm in two passes), planned by `keep_set` (seconds; "
             "`auto` on these split graphs takes minutes, see the note), the best factor shown. "
             "\"0.5 feasible\": a fraction of 0.5 of the memory a plan can change fits.", "",
-            *rows, "", *notes, ""])
-        if not a.quick:
-            (HERE / "split_blocks.md").write_text(text)
-        print(text)
+            *rows, "", *notes, ""], written("split_blocks.md"))
         return
     if a.optimizer:
-        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         rows, notes = optimizer_rows(a.quick)
-        cfg = GPT2_QUICK if a.quick else GPT2_32K
-        text = "\n".join([
-            "# The optimizer step inside the backward, with splits", "",
-            f"`benchmarks/split.py {' '.join(sys.argv[1:])}` at {git_revision()}, {started}; {machine_facts()}.", "",
+        report("The optimizer step inside the backward, with splits", started, [
             f"GPT-2, {cfg['n_layer']} layers, width {cfg['n_embd']}, vocabulary {cfg['vocab']}, {cfg['batch']} x "
             f"{cfg['seq']} tokens. Smallest budget (`budget=\"min\"`, `hierarchical`), predicted by the simulator; "
             "measured: the allocator's peak of the third step (the first two make the optimizer's state).", "",
-            *rows, "", *notes, ""])
-        if not a.quick:
-            (HERE / "split_optimizer.md").write_text(text)
-        print(text)
+            *rows, "", *notes, ""], written("split_optimizer.md"))
         return
     if a.max_batch is not None:
-        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        text = "\n".join([
-            "# Largest batch with splits", "",
-            f"`benchmarks/split.py {' '.join(sys.argv[1:])}` at {git_revision()}, {started}; {machine_facts()}.", "",
+        report("Largest batch with splits", started, [
             f"GPT-2, {GPT2_32K['n_layer']} layers, width {GPT2_32K['n_embd']}, vocabulary {GPT2_32K['vocab']}, "
             f"sequence {GPT2_32K['seq']}; `remat.max_batch_size` under {a.max_batch} MiB of measured step memory "
             f"(parameters, batch and step; no optimizer state), solver `auto`, batches from {a.start} up to 64.", "",
             *max_batch_rows(a.max_batch * 2**20, a.start, 64), "",
             *(["`split='off'` is searched only from batch 1 (its largest batch was plain PyTorch's, 2, in the run "
-               "at b91340b: the LM head sets both floors)."] if a.start > 1 else []), ""])
-        (HERE / "split_batch.md").write_text(text)
-        print(text)
+               "at b91340b: the LM head sets both floors)."] if a.start > 1 else []), ""], "split_batch.md")
         return
-    cfg = GPT2_QUICK if a.quick else GPT2_32K
     model, _, kwargs = gpt2(cfg)
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     log(f"GPT-2 {cfg}")
     rows, runs, store = smallest_budgets(model, kwargs)
     measured = measured_rows(model, kwargs, runs)
     log("\n".join(measured))
-    out = ["# Splitting the ops that set the peak", "",
-           f"`benchmarks/split.py {' '.join(sys.argv[1:])}` at {git_revision()}, {started}; {machine_facts()}.", "",
-           f"## Smallest budget: GPT-2, {cfg['n_layer']} layers, width {cfg['n_embd']}, vocabulary {cfg['vocab']}, "
-           f"{cfg['batch']} x {cfg['seq']} tokens", "",
-           f"Predicted peaks (the simulator's; `profile` cost model). store_all peaks at {mib(store.peak_bytes)} MiB.", "",
-           *rows, *measured,
-           "## The LM head and its loss alone", "",
-           *head_rows(512 if a.quick else 2048, 256, 32000), "",
-           "BatchNorm CNNs and attention blocks: `benchmarks/split_blocks.md` (`--blocks`).", ""]
-    text = "\n".join(out)
-    if not a.quick:
-        (HERE / "split.md").write_text(text)
-    print(text)
+    report("Splitting the ops that set the peak", started, [
+        f"## Smallest budget: GPT-2, {cfg['n_layer']} layers, width {cfg['n_embd']}, vocabulary {cfg['vocab']}, "
+        f"{cfg['batch']} x {cfg['seq']} tokens", "",
+        f"Predicted peaks (the simulator's; `profile` cost model). store_all peaks at {mib(store.peak_bytes)} MiB.", "",
+        *rows, *measured,
+        "## The LM head and its loss alone", "",
+        *head_rows(512 if a.quick else 2048, 256, 32000), "",
+        "BatchNorm CNNs and attention blocks: `benchmarks/split_blocks.md` (`--blocks`).", ""],
+        written("split.md"))
 
 
 if __name__ == "__main__":

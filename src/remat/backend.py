@@ -22,7 +22,7 @@ from torch._dynamo.backends.common import aot_autograd
 from .budget import bytes_to_fraction, fixed_bytes, is_fraction, is_min
 from .capture import capture_joint, joint_device
 from .capture.shapes import is_dynamic
-from .capture.split import SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_joint
+from .capture.split import SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_info, split_joint
 from .cost import make_cost_fn, make_workspace_fn
 from .errors import InfeasibleBudgetError, RematError, through_dynamo
 from .execute.buckets import BucketedStep, dispatching_graphs
@@ -30,7 +30,6 @@ from .execute.lowering import lower
 from .execute.optimizer import with_optimizer_steps
 from .execute.runtime import boxed
 from .execute.transfer import make_transfer_meta
-from .measure import warn_if_cuda_blocks_rounded
 from .solvers.cache import plan_with_cache
 from .simulate import peak_lower_bound
 from .solvers.planner import given_plan, quick_minimum, resolve, store_all_plan
@@ -49,7 +48,6 @@ def make_partition_fn(opts: BackendOptions, updated_params: dict | None = None):
     the parameters ``opts.optimizer`` updates inside the backward."""
     def capture(joint, num_fwd_outputs, no_workspace=frozenset()):
         device = joint_device(joint)
-        warn_if_cuda_blocks_rounded(device)
         if updated_params:
             joint = with_optimizer_steps(joint, num_fwd_outputs, opts.optimizer, updated_params)
         workspace_fn = make_workspace_fn(opts.workspace)
@@ -152,12 +150,10 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
             except InfeasibleBudgetError:
                 pass
         planned = planned or plan(chunked(k).graph, budget)
-        planned.info["split"] = {"chunks": k, "sites": [site.describe() for site in sites]}
+        planned.info["split"] = split_info(k, sites)
         return chunked(k), planned
 
     if fitting is not None:
-        if fitting.budget_bytes is None:
-            return captured, fitting
         return _faster_of(captured, fitting, chunked, sites, fitting.budget_bytes, plan)
     if isinstance(split, int):  # a fraction of the unsplit step's peak
         return with_chunks(split, resolve(captured.graph, budget) if is_fraction(budget) else budget)
@@ -209,7 +205,7 @@ def _faster_of(captured, unsplit, chunked, sites, budget_bytes: int, plan):
             continue
         if candidate.simulation.step_seconds >= best[1].simulation.step_seconds * (1 - FASTER_SPLIT_GAIN):
             break
-        candidate.info["split"] = {"chunks": k, "sites": [site.describe() for site in sites]}
+        candidate.info["split"] = split_info(k, sites)
         candidate.info["chosen by"] = (
             f"auto: split into {k} chunks, predicted {candidate.step_overhead:+.1%} against the unsplit "
             f"plan's {unsplit.step_overhead:+.1%} (its own store-all compute each)")

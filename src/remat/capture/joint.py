@@ -35,7 +35,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import CaptureError
-from ..measure import allocated_bytes
+from ..measure import allocated_bytes, warn_if_cuda_blocks_rounded
 from ..graph import BACKWARD, FORWARD, Graph, GraphBuilder
 
 CostFn = Callable[[fx.Node], float]
@@ -407,6 +407,7 @@ def capture_joint(
         if len(bwd_outputs) == len(primals) else None
     )
     device = next(iter(devices)) if devices else torch.device("cpu")
+    warn_if_cuda_blocks_rounded(device)  # planned peaks meet CUDA's allocator here
     # Autograd holds the gradients it hands to the backward (the tangents) until the backward
     # returns: the engine's Python call keeps them, whatever the plan frees. So they count as
     # backward outputs, resident to the end, for every planner (measured: an MLP whose loss is taken

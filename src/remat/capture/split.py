@@ -332,6 +332,11 @@ def _leading_counts(shape) -> set[int]:
     return {c for c in (math.prod(int(x) for x in shape[:lead]) for lead in range(1, len(shape))) if c >= 2}
 
 
+def split_info(chunks: int, sites: list[Site]) -> dict:
+    """What a plan of a split step records in ``plan.info["split"]``."""
+    return {"chunks": chunks, "sites": [site.describe() for site in sites]}
+
+
 def split_joint(joint: fx.GraphModule, num_fwd_outputs: int, sites: list[Site], k: int) -> fx.GraphModule:
     """A copy of ``joint`` with every site run in ``k`` chunks of rows (fewer when a site has fewer rows)."""
     return _Rewriter(joint, num_fwd_outputs, sites, k).run()
@@ -546,4 +551,4 @@ def _order(nodes: list[fx.Node], sites: list[Site], forward: set[fx.Node]):
     return order if len(order) == len(first) else None
 
 
-__all__ = ["Site", "SPLIT_FACTORS", "SPLIT_FIRST_SOLVER", "find_sites", "split_joint"]
+__all__ = ["Site", "SPLIT_FACTORS", "SPLIT_FIRST_SOLVER", "find_sites", "split_info", "split_joint"]

@@ -88,14 +88,13 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from ..budget import is_fraction
 from ..capture import capture_joint, joint_device
-from ..capture.split import SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_joint
+from ..capture.split import SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_info, split_joint
 from ..capture.shapes import bucket_key, concrete_joint, guard_bucket, is_dynamic, name_bucket, refuse_unless_monotone
 from ..cost import INDUCTOR_COST_MODEL, make_cost_fn, make_workspace_fn
 from ..errors import CaptureError, InfeasibleBudgetError
 from ..execute import compiled_ops  # noqa: F401  (registers remat's operators before any compiled graph runs)
 from ..execute.lowering import lower
 from ..execute.transfer import make_transfer_meta
-from ..measure import warn_if_cuda_blocks_rounded
 from ..solvers.cache import code_fingerprint, plan_with_cache
 from ..solvers.options import BackendOptions
 from ..solvers.planner import given_plan, is_min, quick_minimum, resolve, store_all_plan, uses_swaps
@@ -237,7 +236,7 @@ class RematPartitioner(CustomPartitionerFn):
             else:
                 raise refused
         if chunks:
-            plan.info["split"] = {"chunks": chunks, "sites": [site.describe() for site in sites]}
+            plan.info["split"] = split_info(chunks, sites)
         if bucket is not None:
             plan.info["bucket"] = dict(key)
             _symbolic_again(gm, planned_gm)
@@ -260,7 +259,6 @@ class RematPartitioner(CustomPartitionerFn):
         what recomputation reaches, or where that is much cheaper. ``split_step``: a split step,
         planned by ``SPLIT_FIRST_SOLVER`` first; ``quick_only``: None unless a quick plan fits."""
         opts = self.options
-        warn_if_cuda_blocks_rounded(device)
         capture = capture_joint(
             planned_gm, num_fwd_outputs,
             cost_fn=costs.node_seconds if costs else make_cost_fn(opts.cost_model, device),

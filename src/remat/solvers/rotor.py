@@ -382,12 +382,12 @@ class ChainDP:
     def plan_from_events(self, events: list[tuple], **plan_kwargs) -> Plan:
         return Plan.from_schedule(self.chain.graph, *self.schedule_from_events(events), **plan_kwargs)
 
-    def compute_seconds_of(self, events: list[tuple]) -> float:
-        """The compute time of the events' schedule (its ops' costs, summed in the simulator's order),
-        without simulating it."""
+    def compute_seconds_of(self, schedule: tuple[list[int], list[int]]) -> float:
+        """The compute time of a (forward, backward) schedule (its ops' costs, summed in the simulator's
+        order), without simulating it."""
         nodes = self.chain.graph.nodes
         total = 0.0
-        for part in self.schedule_from_events(events):
+        for part in schedule:
             for n in part:
                 total += nodes[n].cost
         return total
@@ -435,15 +435,18 @@ class ChainDP:
         plans: list[Plan] = []
         seen: set = set()
 
+        def fresh_events(factor: float, slot: int) -> list[tuple] | None:
+            """The DP's schedule at ``factor`` x the memory, unless none or one already probed."""
+            evs = self.events(slot, int(math.floor(memory * factor / slot)))
+            if evs is None or tuple(evs) in seen:
+                return None
+            seen.add(tuple(evs))
+            return evs
+
         def probe(factor: float, slot: int) -> Plan | None:
-            m = int(math.floor(memory * factor / slot))
-            evs = self.events(slot, m)
+            evs = fresh_events(factor, slot)
             if evs is None:
                 return None
-            key = tuple(evs)
-            if key in seen:
-                return None
-            seen.add(key)
             plan = self.plan_from_events(evs, solver=solver)
             plans.append(plan)
             return plan
@@ -454,17 +457,14 @@ class ChainDP:
             if first is not None and first.peak_bytes <= budget_bytes:
                 # every probe up may fit (the simulated peak is not monotone in the DP's budget), but only
                 # one cheaper than the best fitting plan so far can win: simulated cheapest first, while so
-                candidates = []
-                for f in PROBES_UP:
-                    evs = self.events(slot, int(math.floor(memory * f / slot)))
-                    if evs is not None and tuple(evs) not in seen:
-                        seen.add(tuple(evs))
-                        candidates.append((self.compute_seconds_of(evs), evs))
+                schedules = [self.schedule_from_events(evs)
+                             for evs in (fresh_events(f, slot) for f in PROBES_UP) if evs is not None]
                 best_fit = first.compute_seconds
-                for cost, evs in sorted(candidates, key=lambda c: c[0]):
+                for cost, schedule in sorted(((self.compute_seconds_of(sc), sc) for sc in schedules),
+                                             key=lambda c: c[0]):
                     if cost > best_fit:
                         break  # every later candidate costs at least this much
-                    plan = self.plan_from_events(evs, solver=solver)
+                    plan = Plan.from_schedule(self.chain.graph, *schedule, solver=solver)
                     plans.append(plan)
                     if plan.peak_bytes <= budget_bytes:
                         best_fit = min(best_fit, plan.compute_seconds)
