@@ -86,3 +86,36 @@ def test_a_keep_set_plan_runs_with_the_unplanned_steps_gradients_bitwise():
     module = optimized(ex, solver="keep_set", budget=0.7)
     assert module.plan.solver == "keep_set" and module.plan.recomputations > 0
     assert_bitwise(run_step(ex, module), ref)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_the_solvers_kept_sets_are_within_its_gap_of_the_least(data):
+    """The keep_set solver's route (the LP relaxation, then the MILP over its fractional columns, taken
+    within GAP of the LP's bound) never costs more than GAP x the forward's compute over the exact least."""
+    from remat.solvers.keep_set import GAP
+
+    g = random_training_graph(data.draw, max_forward=6)
+    store_all = solve("store_all", g, None)
+    unbounded = 100 * store_all.peak_bytes + 10**6
+    forward_seconds = sum(n.cost for n in g.forward_nodes)
+    model = KeepSetModel(g)
+    for save in sorted({0, store_all.saved_bytes // 4, store_all.saved_bytes // 2, store_all.saved_bytes}):
+        kept = model.solve(save, gap=GAP)
+        exact = solve_milp(g, unbounded, save_budget_bytes=save, gap=1e-9)
+        plan = Plan.from_schedule(g, *model.schedule(kept))
+        assert kept_bytes(g, plan) <= save
+        assert exact.compute_seconds - 1e-9 <= plan.compute_seconds <= exact.compute_seconds + GAP * forward_seconds + 1e-9
+
+
+def test_a_fractional_lp_still_gives_the_exact_least_without_a_gap():
+    """On a chain a save budget between two values' sizes leaves the LP keeping half a value: the exact
+    route (gap 0) then solves the MILP, and matches it."""
+    g = chain(n=6, size=100)
+    model = KeepSetModel(g)
+    relaxed = model._highs(model.cost, [(-float("inf"), 250 / model.byte_scale, model.bytes)], integer=False)
+    assert ((relaxed > 1e-6) & (relaxed < 1 - 1e-6)).any()  # the premise: a fractional LP
+    store_all = solve("store_all", g, None)
+    exact = solve_milp(g, 100 * store_all.peak_bytes, save_budget_bytes=250, gap=1e-9)
+    plan = Plan.from_schedule(g, *model.schedule(model.solve(250)))
+    assert plan.compute_seconds == pytest.approx(exact.compute_seconds, rel=1e-9)

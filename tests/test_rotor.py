@@ -346,3 +346,42 @@ def test_pareto_captures_once_and_marks_infeasible_budgets():
     assert "MiB" in front.table()
     with pytest.raises(SolverError, match="unknown solver"):
         remat.pareto(ex.model, *ex.args, solvers=["nope"], **ex.kwargs)
+
+
+def test_a_chain_over_the_stage_limit_is_merged_a_layer_at_a_time():
+    """Merged by periods, a transformer's layers stay alike (merging the cheapest pairs one at a time
+    merged the first layers and left the rest split in two: more kinds of block, more menus)."""
+    from remat.models import hf, registry
+
+    model, args, kwargs = registry._BUILDERS["gpt2"](**dict(hf._GPT2, n_layer=4, batch=2, seq=32))
+    plan, _ = capture_and_plan(model.train(), *args, solver="store_all", cost_model="flops", **kwargs)
+    full = decompose(plan.graph)
+    big = [k for k in range(full.length) if len(full.stages[k].forward) >= 10]
+    assert len(big) == 8  # 4 layers x (attention, MLP)
+    limit = full.length - 3  # a layer's two stages must be merged, at least for some layers
+    merged = decompose(plan.graph, max_stages=limit)
+    assert merged.length <= limit
+    layers = [k for k in range(merged.length) if len(merged.stages[k].forward) >= 20]
+    keys = {merged.block_graph(k).key for k in layers[1:-1]}
+    assert len(layers) == 4 and len(keys) == 1, [len(s.forward) for s in merged.stages]
+    assert sorted(n for s in merged.stages for n in s.forward + s.backward) == sorted(
+        n for s in full.stages for n in s.forward + s.backward)  # the same ops, in fewer stages
+
+
+def test_a_table_filled_part_way_equals_the_full_table_there():
+    """Column m of the DP depends on columns <= m only: a table filled as far as the probes read is the
+    full table's prefix, and a later budget further up fills it in full."""
+    clear_caches()
+    g = chain(n=8, size=10_000)
+    dp = rotor_planner(g)[0]
+    slot = dp.slot_for(40_000)
+    top = (0, dp.chain.length - 1, 0, 0)
+    part_value, part_choice = dp._fill(slot, 300)
+    full_value, full_choice = dp._fill(slot, 1202)
+    assert (part_value[top] == full_value[top][:300]).all()
+    assert all((part_choice[k] == full_choice[k][:300]).all() for k in part_choice)
+    dp.tables.clear()
+    dp.table(slot, 300)
+    assert len(dp.tables[slot][0][top]) == 300
+    assert dp.events(slot, 700) is not None or len(dp.tables[slot][0][top]) == 1202
+    assert len(dp.tables[slot][0][top]) == 1202

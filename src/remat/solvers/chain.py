@@ -37,7 +37,7 @@ from ..errors import SolverError
 from .schedule import forward_articulation_points
 from ..graph import ACTIVATION, BACKWARD, FORWARD, INPUT, TANGENT, Graph, Node, Value
 
-MAX_STAGES = 96  # more stages are merged (cheapest neighbours first): the DP is cubic in them
+MAX_STAGES = 96  # more stages are merged (whole periods, else cheapest neighbours first): the DP is cubic in them
 DEALS = ("newest", "earliest")  # how backward ops reading a stage's output are dealt (see docstring)
 
 
@@ -163,6 +163,8 @@ def decompose(graph: Graph, *, deal: str = "newest", max_stages: int = MAX_STAGE
     if not body:
         raise SolverError(f"{graph.name!r} has no forward op that needs a gradient: nothing to plan")
     cuts = set(_cut_points(graph, body, constant_values))
+    if len(cuts) + 1 > max_stages:  # a model of repeated layers: merge whole periods, alike
+        cuts = _periodic_cuts(graph, body, cuts, max_stages)
     stage_of, deal = _settle(graph, body, cuts, deal_rule)
     while len(cuts) + 1 > max_stages:  # merge the cheapest adjacent pair
         order = sorted(cuts)
@@ -171,6 +173,47 @@ def decompose(graph: Graph, *, deal: str = "newest", max_stages: int = MAX_STAGE
         cuts.discard(order[k])
         stage_of, deal = _settle(graph, body, cuts, deal_rule)
     return _build_chain(graph, body, stage_of, deal, constant_nodes, constant_values)
+
+
+PERIODIC_SHARE = 0.75  # merge by periods when the stages of one kind hold at least this share of the ops
+
+
+def _periodic_cuts(graph: Graph, body: list[Node], cuts: set[int], max_stages: int) -> set[int]:
+    """The cuts that merge every ``g`` consecutive stages (from an offset ``o``, the first ``o`` stages
+    one stage of their own), for the smallest ``g`` that leaves at most ``max_stages`` stages, the alike
+    ones (same ops, costs and sizes) holding at least ``PERIODIC_SHARE`` of the ops; ``cuts`` unchanged if
+    none does.
+
+    Merging the cheapest pairs one at a time would merge a transformer's first layers and leave the
+    rest split in two: five kinds of stages instead of three, each a block menu to solve, and more
+    stages for the DP, which is cubic in them. Merged by periods, the layers stay identical."""
+    order = sorted(cuts)
+    ends = order + [len(body) - 1]
+    values = graph.values
+    signature, start = [], 0
+    for end in ends:
+        signature.append(tuple((n.op, n.cost, tuple(values[v].bytes for v in n.outputs))
+                               for n in body[start:end + 1]))
+        start = end + 1
+    n = len(signature)
+    for g in range(2, n):
+        best = None
+        for o in range(g):
+            groups = ([(0, o)] if o else []) + [(a, min(a + g, n)) for a in range(o, n, g)]
+            if len(groups) > max_stages:
+                continue
+            kinds: dict[tuple, int] = {}  # kind of merged stage -> its ops, over the stages of that kind
+            for a, b in groups:
+                kind = tuple(signature[a:b])
+                kinds[kind] = kinds.get(kind, 0) + sum(len(x) for x in kind)
+            alike = max(kinds.values())
+            if alike >= PERIODIC_SHARE * len(body) and (best is None or alike > best[0]):
+                best = (alike, groups)
+        if best is not None:
+            return {ends[b - 1] for _, b in best[1][:-1]}
+        if (n + g - 1) // g <= max_stages // 2:  # coarser groups would only merge more
+            break
+    return cuts
 
 
 def _settle(graph: Graph, body: list[Node], cuts: set[int], rule: str) -> tuple[dict[int, int], dict[int, int]]:

@@ -33,7 +33,8 @@ from ..graph import Graph
 from ..plan import Plan
 from ..simulate import peak_lower_bound
 from .registry import SOLVERS, register
-from .checkmate_model import Formulation, build, decode, schedule_from_R, solution_vector, to_highs, value_roles
+from .checkmate_model import (Formulation, build, decode, schedule_from_R, solution_vector, to_highs, value_roles,
+                               with_save_budget)
 
 DEFAULT_TIME_LIMIT = 120.0
 SMALLEST_PEAK_SECONDS = 10.0  # the least time the smallest-peak MILP gets (see _smallest_peak)
@@ -202,7 +203,12 @@ def solve_milp(
     if (budget_bytes is not None and save_budget_bytes is None
             and (budget_bytes < peak_lower_bound(graph) or budget_bytes <= infeasible_below(graph, "checkmate"))):
         return _smallest_peak(graph, budget_bytes, time_limit, start, gap, threads)  # infeasible: no model to build
-    f = build(graph, budget_bytes, save_budget_bytes=save_budget_bytes)
+    if save_budget_bytes is None:
+        f = build(graph, budget_bytes)
+    else:  # a block menu's row: one peak bound, many save budgets; the model is built once per bound
+        f = with_save_budget(graph.memo.cached(("checkmate with a save budget", budget_bytes),
+                                               lambda: build(graph, budget_bytes, save_budget_bytes=save_budget_bytes)),
+                             save_budget_bytes)
     h = to_highs(f)
     info = {"formulation": formulation_info(f)}
     warm = None

@@ -50,6 +50,7 @@ for every random node that may be recomputed (a few KiB; conservative).
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -89,6 +90,7 @@ class Formulation:
     keep_rows: dict[tuple[int, int], int] = field(default_factory=dict)  # (t, v) -> row S[t+1,v] <= R + S[t,v]
     kept_cut_rows: dict[tuple[int, int], int] = field(default_factory=dict)  # (t, v) -> row S[t,v] <= readers + S[t+1,v]
     boundary_row: int | None = None  # the memory row at the forward/backward boundary
+    save_row: int | None = None  # the row bounding what the forward keeps (with a save budget)
     # the model
     col_cost: list[float] = field(default_factory=list)
     col_lower: list[float] = field(default_factory=list)
@@ -404,8 +406,19 @@ def build(
         t = num_forward
         terms = {f.S[(t, v)]: values[v].bytes / scale for v in variable if (t, v) in f.S}
         if terms:
+            f.save_row = f.num_rows
             f._row(-math.inf, save_budget_bytes / scale, terms)
     return f
+
+
+def with_save_budget(f: Formulation, save_budget_bytes: int) -> Formulation:
+    """``f`` (built with a save budget) under another save budget: only that row's bound differs."""
+    if f.save_row is None:
+        return f
+    other = copy.copy(f)
+    other.row_upper = list(f.row_upper)
+    other.row_upper[f.save_row] = save_budget_bytes / f.scale
+    return other
 
 
 def _second_copies(f: Formulation, held: set[int], window) -> list[int]:
@@ -597,4 +610,4 @@ def decode(f: Formulation, x) -> tuple[set[tuple[int, int]], set[tuple[int, int]
     return R_on, S_on
 
 
-__all__ = ["Formulation", "build", "recompute_windows", "value_roles", "horizons", "to_highs", "schedule_from_R", "solution_vector", "decode"]
+__all__ = ["Formulation", "build", "recompute_windows", "value_roles", "horizons", "to_highs", "schedule_from_R", "solution_vector", "decode", "with_save_budget"]

@@ -27,7 +27,12 @@ nodes the kept set forces, so its compute is the optimum. It is also a feasible 
 Checkmate MILP with the same save budget whenever the latter's peak bound is at least this
 schedule's peak, and then an optimal one.
 
-The ``keep_set`` solver (:func:`keep_set`) plans a whole graph this way, the class of plans
+Solved LP first (:meth:`KeepSetModel._minimum`): the relaxation is nearly integral, a knapsack over
+a closure leaving two or three fractional columns; integral, it is the optimum; else the MILP over the
+fractional columns alone, the others fixed, is taken when within a given gap of the LP's bound, and the
+full MILP runs otherwise (block menus: gap 0, exact).
+
+The ``keep_set`` solver (:func:`keep_set`) plans a whole graph this way (within ``GAP``), the class of plans
 Inductor's min-cut partitioner makes (one set of values kept, the rest recomputed where the
 backward needs it), but with the least compute for each save budget rather than the fewest bytes:
 it tries save budgets on a grid from the largest down, stops at the first whose plain schedule's
@@ -92,31 +97,42 @@ class KeepSetModel:
             self.bytes[self.k_col[v]] = values[v].bytes / self.byte_scale
 
     def _highs(self, objective: np.ndarray, extra_rows: list[tuple[float, float, np.ndarray]],
-               time_limit: float | None = None):
+               time_limit: float | None = None, *, integer: bool = True, fixed: np.ndarray | None = None,
+               start: np.ndarray | None = None):
+        """Solve the model with ``objective`` and ``extra_rows`` ((lower, upper, coefficients)): a 0/1
+        vector, or None when infeasible (or stopped without a solution). ``integer=False``: the LP
+        relaxation's vector; ``fixed``: columns whose value (not NaN) is fixed; ``start``: a warm start."""
         import highspy
 
+        if not hasattr(self, "_csr"):  # the base rows as a row-wise matrix, built once
+            self._csr = (np.asarray([r[0] for r in self.rows], dtype=np.float64),
+                         np.asarray([len(r[1]) for r in self.rows], dtype=np.int64),
+                         np.asarray([c for r in self.rows for c in r[1]], dtype=np.int32),
+                         np.asarray([x for r in self.rows for x in r[1].values()], dtype=np.float64))
+        base_lower, lengths, index, value = self._csr
+        extra_index = [np.flatnonzero(r[2]) for r in extra_rows]
         lp = highspy.HighsLp()
         n = self.num_cols
         lp.num_col_ = n
-        lower = [r[0] for r in self.rows] + [r[0] for r in extra_rows]
-        upper = [highspy.kHighsInf] * len(self.rows) + [r[1] for r in extra_rows]
-        index = [list(r[1]) for r in self.rows] + [list(np.flatnonzero(r[2])) for r in extra_rows]
-        value = [list(r[1].values()) for r in self.rows] + [list(r[2][np.flatnonzero(r[2])]) for r in extra_rows]
-        lp.num_row_ = len(lower)
+        lp.num_row_ = len(base_lower) + len(extra_rows)
         lp.col_cost_ = np.asarray(objective, dtype=np.float64)
-        lp.col_lower_ = np.zeros(n)
-        lp.col_upper_ = np.asarray(self.upper, dtype=np.float64)
-        lp.row_lower_ = np.asarray([max(x, -highspy.kHighsInf) for x in lower], dtype=np.float64)
-        lp.row_upper_ = np.asarray(upper, dtype=np.float64)
-        starts = np.zeros(len(lower) + 1, dtype=np.int32)
-        starts[1:] = np.cumsum([len(r) for r in index])
+        lower, upper = np.zeros(n), np.asarray(self.upper, dtype=np.float64).copy()
+        if fixed is not None:
+            known = ~np.isnan(fixed)
+            lower[known] = upper[known] = fixed[known]
+        lp.col_lower_, lp.col_upper_ = lower, upper
+        lp.row_lower_ = np.concatenate([base_lower, [max(r[0], -highspy.kHighsInf) for r in extra_rows]])
+        lp.row_upper_ = np.concatenate([np.full(len(base_lower), highspy.kHighsInf), [r[1] for r in extra_rows]])
+        starts = np.zeros(lp.num_row_ + 1, dtype=np.int32)
+        starts[1:] = np.cumsum(np.concatenate([lengths, [len(k) for k in extra_index]]))
         lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
         lp.a_matrix_.num_col_ = n
-        lp.a_matrix_.num_row_ = len(lower)
+        lp.a_matrix_.num_row_ = lp.num_row_
         lp.a_matrix_.start_ = starts
-        lp.a_matrix_.index_ = np.asarray([c for r in index for c in r], dtype=np.int32)
-        lp.a_matrix_.value_ = np.asarray([x for r in value for x in r], dtype=np.float64)
-        lp.integrality_ = [highspy.HighsVarType.kInteger] * n
+        lp.a_matrix_.index_ = np.concatenate([index] + [k.astype(np.int32) for k in extra_index])
+        lp.a_matrix_.value_ = np.concatenate([value] + [r[2][k] for r, k in zip(extra_rows, extra_index)])
+        if integer:
+            lp.integrality_ = [highspy.HighsVarType.kInteger] * n
         h = highspy.Highs()
         h.silent()
         h.passModel(lp)
@@ -124,26 +140,52 @@ class KeepSetModel:
         h.setOptionValue("mip_abs_gap", 1e-12)
         if time_limit is not None:
             h.setOptionValue("time_limit", float(time_limit))
+        if start is not None:
+            sol = highspy.HighsSolution()
+            sol.col_value = list(start)
+            sol.value_valid = True
+            h.setSolution(sol)
         h.run()
         status = h.getModelStatus()
         stopped_with_a_plan = (time_limit is not None and status == highspy.HighsModelStatus.kTimeLimit
                                and h.getInfo().primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible)
         if status != highspy.HighsModelStatus.kOptimal and not stopped_with_a_plan:
             return None
-        return np.round(np.asarray(h.getSolution().col_value))
+        x = np.asarray(h.getSolution().col_value)
+        return np.round(x) if integer else x
 
-    def solve(self, save_budget_bytes: int, time_limit: float | None = None) -> set[int] | None:
+    def _minimum(self, objective: np.ndarray, rows: list, time_limit: float | None, gap: float):
+        """A 0/1 vector of least ``objective`` under ``rows``, within ``gap`` of the least (None: infeasible).
+
+        The LP relaxation first (milliseconds): this model's is nearly integral (a knapsack over a
+        closure: a few fractional columns). Integral, it is the optimum. Otherwise the MILP with every
+        integral column fixed at its value; within ``gap`` of the LP's bound, that is the answer, else
+        the full MILP, warm-started from it."""
+        relaxed = self._highs(objective, rows, integer=False)
+        if relaxed is None:
+            return None
+        fractional = np.abs(relaxed - np.round(relaxed)) > 1e-6
+        if not fractional.any() and all(lo - 1e-9 <= float(c @ np.round(relaxed)) <= up + 1e-9 for lo, up, c in rows):
+            return np.round(relaxed)
+        fixed = np.where(fractional, np.nan, np.round(relaxed))
+        rounded = self._highs(objective, rows, time_limit, fixed=fixed)
+        if rounded is not None and float(objective @ rounded) - float(objective @ relaxed) <= gap:
+            return rounded
+        return self._highs(objective, rows, time_limit, start=rounded)
+
+    def solve(self, save_budget_bytes: int, time_limit: float | None = None, gap: float = 0.0) -> set[int] | None:
         """The kept set of least compute within ``save_budget_bytes`` of droppable forward values,
         fewest bytes among the cheapest (None when none fits: nodes that cannot be recomputed need
         more). With ``time_limit`` (seconds per MILP), the best set found by then, which may cost more
-        than the least (None if there is none yet)."""
+        than the least (None if there is none yet). ``gap``: a set whose recomputation costs at most this
+        share of the forward's compute more than the least will do (0: the least)."""
         budget = save_budget_bytes / self.byte_scale * (1 + 1e-12)
-        x = self._highs(self.cost, [(-math.inf, budget, self.bytes)], time_limit)
+        x = self._minimum(self.cost, [(-math.inf, budget, self.bytes)], time_limit, gap)
         if x is None:
             return None
         best = float(self.cost @ x)
-        y = self._highs(self.bytes, [(-math.inf, budget, self.bytes),
-                                     (-math.inf, best + 1e-9 * max(best, 1.0), self.cost)], time_limit)
+        y = self._minimum(self.bytes, [(-math.inf, budget, self.bytes),
+                                       (-math.inf, best + 1e-9 * max(best, 1.0), self.cost)], time_limit, gap)
         if y is not None:
             x = y
         return {v for v, col in self.k_col.items() if x[col] > 0.5}
@@ -160,6 +202,10 @@ class KeepSetModel:
 SAVE_GRID = 20  # the solver's save budgets: k/20 of what storing everything keeps, k = 0..20
 REFINE_STEPS = 6  # bisections between the best fitting save budget of the grid and the next one
 SOLVE_TIME_LIMIT = 1.0  # seconds per MILP: then its best kept set so far
+# the solver's kept sets recompute at most this share of the forward's compute more than the least: on a
+# deep model of identical layers the MILP spends its whole time limit closing a gap of that size (its
+# symmetric knapsack), where the LP relaxation rounded to a set within it takes milliseconds
+GAP = 1e-3
 DEFAULT_TIME_LIMIT = 60.0  # seconds for the whole solver
 
 
@@ -175,7 +221,7 @@ class KeepSetPlanner:
         """The schedules keeping the cheapest set within ``save`` bytes, plain and lean ([] if none);
         the first answer for ``save`` is kept, also one a time limit cut short."""
         if save not in self._plans:
-            kept = self.model.solve(save, time_limit)
+            kept = self.model.solve(save, time_limit, GAP)
             self._plans[save] = [] if kept is None else [
                 Plan.from_schedule(self.graph, *self.model.schedule(kept, lean=lean)) for lean in (False, True)]
         return self._plans[save]

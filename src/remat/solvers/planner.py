@@ -8,7 +8,9 @@ plan optimal, the Checkmate MILP with the rest, warm-started from CP-SAT's plan 
 (so never worse than them), adding the hierarchical planner when neither proved an optimum
 or both missed the budget; a larger
 graph goes to the hierarchical planner, which itself hands graphs without block structure to the
-MILP. Wherever the hierarchical planner runs, so does ``keep_set`` (milliseconds per save budget):
+MILP. Wherever the hierarchical planner runs, so does ``keep_set`` (milliseconds per save budget;
+on a large graph in a thread beside the hierarchical planner, both being mostly HiGHS, which runs
+without Python's lock):
 the exact cheapest plans that keep one set of values across the whole graph, which the
 hierarchical DP, choosing per block, can miss (ResNet-18 under Inductor: 59.6 ms predicted where the
 DP found 61.6, at the same peak). It keeps the plan with the least predicted compute among those
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 import copy
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from ..budget import bytes_to_fraction, fixed_bytes, is_min, resolve_budget
 from ..errors import InfeasibleBudgetError, InvalidPlanError, SolverError, format_bytes
@@ -326,11 +329,15 @@ def _auto_recompute(graph: Graph, budget_bytes, time_limit, options, fraction, s
         if not any(_fits(p, budget_bytes) and p.info.get("status") == "optimal" for p in plans):
             names.append("hierarchical")
             plans.append(_run("hierarchical", graph, budget_bytes, time_limit, options, True))
-    else:
-        plans = [_run(n, graph, budget_bytes, time_limit, options, True) for n in names]
-    if "hierarchical" in names:  # its chain DP can miss plans that keep a set across blocks
-        names.append("keep_set")
-        plans.append(_run("keep_set", graph, budget_bytes, min(time_limit, AUTO_KEEP_SET_SECONDS), {}, True))
+        if "hierarchical" in names:  # its chain DP can miss plans that keep a set across blocks
+            names.append("keep_set")
+            plans.append(_keep_set(graph, budget_bytes, time_limit))
+    else:  # keep_set beside the hierarchical planner, in a thread: much of both is HiGHS, which runs unlocked
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="remat-keep-set") as pool:
+            kept = pool.submit(_keep_set, graph, budget_bytes, time_limit)
+            plans = [_run(n, graph, budget_bytes, time_limit, options, True) for n in names]
+            names.append("keep_set")
+            plans.append(kept.result())
     fitting = [p for p in plans if _fits(p, budget_bytes)]
     if not fitting:  # the first choices miss: learn the minimum, then fall back to the fast solvers
         smallest = smallest_plan(graph, "auto", time_limit=time_limit, thorough=False, swaps=False, **options)
@@ -345,6 +352,10 @@ def _auto_recompute(graph: Graph, budget_bytes, time_limit, options, fraction, s
         known = _known_plans(graph, ["store_all", *auto_solvers(graph)])
         fitting = [p for p in plans + known if _fits(p, budget_bytes)]
     return _cheapest(fitting), names
+
+
+def _keep_set(graph: Graph, budget_bytes, time_limit) -> Plan | None:
+    return _run("keep_set", graph, budget_bytes, min(time_limit, AUTO_KEEP_SET_SECONDS), {}, True)
 
 
 def recomputation_plan(graph: Graph, budget_bytes: int, *, time_limit: float | None = None) -> Plan:

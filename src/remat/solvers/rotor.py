@@ -226,12 +226,18 @@ class ChainDP:
         """The slot size (a power of two) of the table serving ``memory`` bytes."""
         return max(1, 2 ** math.ceil(math.log2(max(memory, 1) / SLOTS)))
 
-    def table(self, slot: int):
-        if slot in self.tables:
+    def table(self, slot: int, columns: int | None = None):
+        """The DP's tables for ``slot``, over at least ``columns`` budgets (None: every budget it serves).
+        Column ``m`` depends on columns ``≤ m`` only, so a table is filled as far as first asked (a
+        planner asks up to its largest probe: 40% less work on average) and again in full if later
+        asked further."""
+        full = int(SLOTS * max(PROBES_UP)) + 2
+        columns = full if columns is None else min(full, columns)
+        if slot in self.tables and len(self.tables[slot][0][(0, self.chain.length - 1, 0, 0)]) >= columns:
             self.tables.move_to_end(slot)
             return self.tables[slot]
         start = time.perf_counter()
-        tbl = self._fill(slot, int(SLOTS * max(PROBES_UP)) + 2)
+        tbl = self._fill(slot, columns if slot not in self.tables else full)
         self.dp_seconds += time.perf_counter() - start
         self.tables[slot] = tbl
         while len(self.tables) > 4:
@@ -253,35 +259,38 @@ class ChainDP:
         menus = [stats(menu) for menu in self.menus]
         tails = [stats(menu) for menu in self.tails]
         inf = np.float32(np.inf)
-        value: dict[tuple, np.ndarray] = {}
+        # value[i, l, keep, have] over all budgets; a cell never filled (x_l kept for nothing) stays
+        # infinite: never chosen. Dense, so that a split's candidates for every j are two slices.
+        value = np.full((L, L, 2, 2, size), inf, dtype=np.float32)
         choice: dict[tuple, np.ndarray] = {}
         fn_prefix = np.concatenate([[0.0], np.cumsum(self.fn)])
-        never = np.full(size, inf, dtype=np.float32)
         columns = np.arange(size)
+        # the first stage from i on that cannot run again bounds the splits of segments starting at i
+        stop = [L] * (L + 1)
+        for q in range(L - 1, -1, -1):
+            stop[q] = q if not self.recomputable[q] else stop[q + 1]
 
         for length in range(L):
             for i in range(L - length):
                 l = i + length
+                # checkpoint x_{j-1} for j = i+1..last: stages i..j-1 run F_∅ (all must be recomputable)
+                last = min(l, stop[i])
+                js = np.arange(i + 1, last + 1)
+                if len(js):
+                    q = js - 1
+                    run_peak = np.maximum.accumulate(np.where(q > i, np.asarray(a_in)[q], 0) + np.asarray(pn)[q])
+                    split_fwd = (fn_prefix[js] - fn_prefix[i]).astype(np.float32)
                 for have in (0, 1):
                     if have and self.skip[l] is None:
-                        for keep in (0, 1):
-                            value[(i, l, keep, have)] = never  # x_l kept for nothing: never chosen
-                        continue
+                        continue  # x_l kept for nothing: left infinite
                     for keep in (0, 1):
                         best = np.full(size, inf, dtype=np.float32)
                         pick = np.full(size, -(L + 1), dtype=np.int16)
                         base = a_in[i] + held[l] + (a_out[l] if have else 0)
 
-                        def offer(cand, c, need):
-                            nonlocal best
-                            cand[: min(need, size)] = inf
-                            better = cand < best
-                            best = np.where(better, cand, best)
-                            pick[better] = c
-
                         def offer_rows(cands, needs, codes):
-                            """offer() of each row in turn, in one step: a row's first ``need`` slots
-                            are out of reach; per slot the first lowest row, if below the best so far"""
+                            """Each row offered in turn, in one step: a row's first ``need`` slots are
+                            out of reach; per slot the first lowest row, if below the best so far."""
                             nonlocal best
                             cands[columns[None, :] < np.asarray(needs)[:, None]] = inf
                             row = np.argmin(cands, axis=0)
@@ -297,7 +306,8 @@ class ChainDP:
                             # B_l straight away: it reads x_{l-1} (held) and x_l only if kept
                             hold = a_in[i] if (keep or direct.needs_input) else 0
                             need = max(base, hold + unseen[i] + up(direct.backward_peak))
-                            offer(np.full(size, direct.backward_seconds, dtype=np.float32), len(menus[i]), need)
+                            offer_rows(np.full((1, size), direct.backward_seconds, dtype=np.float32), [need],
+                                       np.asarray([len(menus[i])], dtype=np.int16))
                         options = [] if (i == l and have) else tails[i] if i == l < L - 1 else menus[i]
                         if options:  # (a recomputed segment's last stage: its pruned forward, the tail)
                             # every option at once, in order (the first of equal candidates wins)
@@ -308,45 +318,31 @@ class ChainDP:
                                 needs.append(max(base + pf, hold + unseen[i] + pb))
                                 if i == l:
                                     rows[c] = 0.0
-                                else:
-                                    after = value[(i + 1, l, int(need_out), have)]
-                                    if after is not never and hold + s < size:
-                                        rows[c, hold + s:] = after[: size - hold - s]
+                                elif hold + s < size:
+                                    rows[c, hold + s:] = value[i + 1, l, int(need_out), have, : size - hold - s]
                             times = np.asarray([o[0] for o in options], dtype=np.float32)
                             offer_rows(times[:, None] + rows, needs, np.arange(len(options), dtype=np.int16))
                         # checkpoint x_{j-1}: every j at once, in the order a loop would offer them
-                        # (j up, kept 0 then 1; the first of equal candidates wins)
-                        run_peak = 0
-                        firsts, seconds, fwds, needs, codes = [], [], [], [], []
-                        for j in range(i + 1, l + 1):
-                            q = j - 1  # stages i..j-1 run without saving, x_{j-1} is the checkpoint
-                            if not self.recomputable[q]:
-                                break
-                            run_peak = max(run_peak, (a_in[q] if q > i else 0) + pn[q])
-                            for kept in (0, 1):  # kept: x_{j-1} stays for B_{j-1}
-                                first, second = value[(j, l, kept, have)], value[(i, j - 1, keep, kept)]
-                                if first is never or second is never:
-                                    continue
-                                firsts.append(first)
-                                seconds.append(second)
-                                fwds.append(fn_prefix[j] - fn_prefix[i])
-                                needs.append(base + run_peak)
-                                codes.append(-(2 * j + kept))
-                        if firsts:
-                            cands = np.full((len(firsts), size), inf, dtype=np.float32)
+                        # (j up, kept 0 then 1; the first of equal candidates wins): T(j, l, m - a_{i-1},
+                        # kept, have) after the forwards, then T(i, j-1, m, keep, kept)
+                        if len(js):
+                            cands = np.full((len(js), 2, size), inf, dtype=np.float32)
                             shift = a_in[i]
                             if shift < size:
-                                cands[:, shift:] = np.stack(firsts)[:, : size - shift]
-                            cands = np.asarray(fwds, dtype=np.float32)[:, None] + cands + np.stack(seconds)
-                            offer_rows(cands, needs, np.asarray(codes, dtype=np.int16))
-                        value[(i, l, keep, have)] = best
+                                cands[:, :, shift:] = value[i + 1:last + 1, l, :, have, : size - shift]
+                            cands += split_fwd[:, None, None]
+                            cands += value[i, i:last, keep, :, :]
+                            codes = -(2 * js[:, None] + np.arange(2)[None, :])
+                            offer_rows(cands.reshape(2 * len(js), size), np.repeat(base + run_peak, 2),
+                                       codes.reshape(-1).astype(np.int16))
+                        value[i, l, keep, have] = best
                         choice[(i, l, keep, have)] = pick
-        return value, choice
+        return {(0, L - 1, 0, 0): value[0, L - 1, 0, 0].copy()}, choice
 
     # ---- schedules
     def events(self, slot: int, m: int) -> list[tuple] | None:
         """The schedule of ``T(0, L-1, m slots, 0, 0)``: events ('F'|'B', stage, option), ('N', stage)."""
-        value, choice = self.table(slot)
+        value, choice = self.table(slot, m + 1)
         L = self.chain.length
         top = value[(0, L - 1, 0, 0)]
         if m < 0 or m >= len(top) or not np.isfinite(top[m]):
@@ -453,6 +449,7 @@ class ChainDP:
 
         if memory > 0:
             slot = self.slot_for(memory)
+            self.table(slot, int(math.floor(memory * max(PROBES_UP) / slot)) + 1)  # as far as the probes read
             first = probe(1.0, slot)
             if first is not None and first.peak_bytes <= budget_bytes:
                 # every probe up may fit (the simulated peak is not monotone in the DP's budget), but only
@@ -522,7 +519,7 @@ def best_plan(planners: list[ChainDP], budget_bytes: int | None, solver: str) ->
 
 def chain_or_error(graph: Graph, solver: str, deal: str = "newest") -> Chain:
     """The graph's chain of stages, or :class:`SolverError` when one block is most of the forward."""
-    chain = decompose(graph, deal=deal)
+    chain = graph.memo.cached(("chain", deal), lambda: decompose(graph, deal=deal))  # rotor's and hierarchical's
     sizes = [len(s.forward) for s in chain.stages]
     big = max(range(chain.length), key=lambda k: sizes[k])
     if chain.length < 2 or (sizes[big] > NOT_A_CHAIN * sum(sizes) and sizes[big] > 8):
