@@ -215,16 +215,26 @@ class KeepSetPlanner:
     def __init__(self, graph: Graph):
         self.graph = graph
         self.model = KeepSetModel(graph)
-        self._plans: dict[int, list[Plan]] = {}
+        self._kept: dict[int, set[int] | None] = {}  # save budget -> the kept set (None: none fits)
+        self._plans: dict[tuple[int, bool], Plan] = {}  # (save budget, lean) -> its schedule's plan
 
-    def plans_at(self, save: int, time_limit: float | None) -> list[Plan]:
+    def plans_at(self, save: int, time_limit: float | None, budget_bytes: int | None = None) -> list[Plan]:
         """The schedules keeping the cheapest set within ``save`` bytes, plain and lean ([] if none);
-        the first answer for ``save`` is kept, also one a time limit cut short."""
-        if save not in self._plans:
-            kept = self.model.solve(save, time_limit, GAP)
-            self._plans[save] = [] if kept is None else [
-                Plan.from_schedule(self.graph, *self.model.schedule(kept, lean=lean)) for lean in (False, True)]
-        return self._plans[save]
+        the lean one only when the plain one peaks above ``budget_bytes`` (it costs at least as much).
+        The first answer for ``save`` is kept, also one a time limit cut short."""
+        if save not in self._kept:
+            self._kept[save] = self.model.solve(save, time_limit, GAP)
+        kept = self._kept[save]
+        if kept is None:
+            return []
+        plans = []
+        for lean in (False, True):
+            if (save, lean) not in self._plans:
+                self._plans[(save, lean)] = Plan.from_schedule(self.graph, *self.model.schedule(kept, lean=lean))
+            plans.append(self._plans[(save, lean)])
+            if budget_bytes is not None and plans[0].peak_bytes <= budget_bytes:
+                break
+        return plans
 
     def solve(self, budget_bytes: int | None, time_limit: float) -> Plan:
         start = time.perf_counter()
@@ -241,7 +251,7 @@ class KeepSetPlanner:
         for save in grid:  # largest first, down to the first whose cheapest kept set's plain schedule fits
             if left() <= 0:
                 break
-            found[save] = self.plans_at(save, min(SOLVE_TIME_LIMIT, max(left(), 0.1)))
+            found[save] = self.plans_at(save, min(SOLVE_TIME_LIMIT, max(left(), 0.1)), budget_bytes)
             if found[save] and fits(found[save][0]):
                 # the plain schedule of the cheapest kept set fits: keeping less never costs less compute
                 # (the optimum is monotone in the save budget, and a lean schedule costs at least as much)
@@ -258,7 +268,7 @@ class KeepSetPlanner:
                     if high - low <= 1 or left() <= 0:
                         break
                     mid = (low + high) // 2
-                    found[mid] = self.plans_at(mid, min(SOLVE_TIME_LIMIT, max(left(), 0.1)))
+                    found[mid] = self.plans_at(mid, min(SOLVE_TIME_LIMIT, max(left(), 0.1)), budget_bytes)
                     low, high = (mid, high) if any(fits(p) for p in found[mid]) else (low, mid)
         candidates = [p for plans in found.values() for p in plans]
         if not candidates:
