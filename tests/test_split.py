@@ -131,7 +131,7 @@ def test_auto_splits_a_step_that_fits_where_a_split_plan_is_predicted_faster():
     """At the unsplit step's smallest budget its plan recomputes much; with row chunks the same budget
     needs almost no recomputation, so ``split="auto"`` takes the split plan although the step fits
     unsplit: predicted faster by at least FASTER_SPLIT_GAIN, within the budget, gradients as eager's."""
-    from remat.backend import FASTER_SPLIT_GAIN, FASTER_SPLIT_OVERHEAD
+    from remat.capture.split import FASTER_SPLIT_GAIN, FASTER_SPLIT_OVERHEAD
 
     model, batch = _gpt2(vocab=32000, n_embd=32, batch=2, seq=128, layers=2)
     # the analytic cost model: measured op times would make the premise below depend on the machine's load
@@ -155,3 +155,27 @@ def test_auto_splits_a_step_that_fits_where_a_split_plan_is_predicted_faster():
 def test_split_option_is_checked():
     with pytest.raises(ValueError, match="split must be"):
         remat.plan(RowsMLP(), torch.randn(2, 4, 32), torch.zeros(2, 4, dtype=torch.long), split="sometimes")
+
+
+def test_compile_splits_a_step_that_fits_where_a_split_plan_is_predicted_faster():
+    """The same under Inductor (``remat.compile``): at the smallest budget of the step as Inductor fuses
+    it, unsplit, the partitioner weighs split plans at the same bytes and takes one predicted faster."""
+    from remat.capture.split import FASTER_SPLIT_GAIN, FASTER_SPLIT_OVERHEAD
+
+    model, batch = _gpt2(vocab=32000, n_embd=32, batch=2, seq=64, layers=2)
+    options = dict(example_kwargs=batch, cache=False, cost_model="flops", calibrate=False)
+    unsplit = remat.compile(copy.deepcopy(model), budget="min", split="off", **options).plan
+    assert unsplit.step_overhead > FASTER_SPLIT_OVERHEAD and "split" not in unsplit.info  # the premise
+    budget = unsplit.info["budget_bytes"]
+    eager_loss, eager = _grads(copy.deepcopy(model), **batch)
+    compiled = remat.compile(copy.deepcopy(model), budget=budget, **options)
+    plan = compiled.plan
+    assert plan.info["compiler"] == "inductor" and plan.info["split"]["chunks"] >= 2, plan.info
+    assert plan.peak_bytes <= budget and "predicted" in plan.info["chosen by"]
+    assert plan.simulation.step_seconds < unsplit.simulation.step_seconds * (1 - FASTER_SPLIT_GAIN)
+    loss, grads = _grads(compiled, **batch)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
+    _close(grads, eager, rtol=1e-4, atol=1e-5)
+    measured = measure_step(lambda: compiled(**batch).backward(), setup=lambda: compiled.zero_grad(set_to_none=True),
+                            warmup=1, repeats=1).peak_bytes
+    assert measured <= budget and abs(measured - plan.peak_bytes) <= max(0.05 * plan.peak_bytes, 2 * MiB)

@@ -22,7 +22,8 @@ from torch._dynamo.backends.common import aot_autograd
 from .budget import bytes_to_fraction, fixed_bytes, is_fraction, is_min
 from .capture import capture_joint, joint_device
 from .capture.shapes import is_dynamic
-from .capture.split import SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_info, split_joint
+from .capture.split import (FASTER_SPLIT_GAIN, FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites,
+                            split_info, split_joint)
 from .cost import make_cost_fn, make_workspace_fn
 from .errors import InfeasibleBudgetError, RematError, through_dynamo
 from .execute.buckets import BucketedStep, dispatching_graphs
@@ -91,10 +92,6 @@ def make_partition_fn(opts: BackendOptions, updated_params: dict | None = None):
 
 
 MIN_GAIN = 0.02  # budget="min": a larger split factor must lower the peak by this fraction to be tried further
-# split="auto" at a budget the step fits as captured: a plan predicted to spend more than this fraction of the
-# step on recomputation and stalls is weighed against split plans, which are taken when predicted this much faster
-FASTER_SPLIT_OVERHEAD = 0.02
-FASTER_SPLIT_GAIN = 0.02
 
 
 def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts: BackendOptions):

@@ -41,6 +41,11 @@ SPLIT_FACTORS = (2, 4, 8, 16, 32)  # the chunk counts split="auto" tries, fewest
 # (a 4-chunk BatchNorm CNN of 314 nodes: 66 s), keep_set's DP seconds at a cost within a point of
 # auto's (2.7% against 2.1% overhead there); auto runs in full only where keep_set cannot fit
 SPLIT_FIRST_SOLVER = "keep_set"
+# split="auto" where the step fits as captured: a plan whose predicted overhead (recomputation and
+# stalls) is above FASTER_SPLIT_OVERHEAD is weighed against split plans, taken when predicted
+# FASTER_SPLIT_GAIN faster (both lowerings: the eager backend and the Inductor partitioner)
+FASTER_SPLIT_OVERHEAD = 0.02
+FASTER_SPLIT_GAIN = 0.02
 # a value counts as large for a site when it holds at least this fraction of the site's seed
 LARGE_FRACTION = 0.25
 # seeds: values holding at least this fraction of the step's largest value

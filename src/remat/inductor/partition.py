@@ -88,7 +88,8 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from ..budget import is_fraction
 from ..capture import capture_joint, joint_device
-from ..capture.split import SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_info, split_joint
+from ..capture.split import (FASTER_SPLIT_GAIN, FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites,
+                             split_info, split_joint)
 from ..capture.shapes import bucket_key, concrete_joint, guard_bucket, is_dynamic, name_bucket, refuse_unless_monotone
 from ..cost import INDUCTOR_COST_MODEL, make_cost_fn, make_workspace_fn
 from ..errors import CaptureError, InfeasibleBudgetError
@@ -235,6 +236,11 @@ class RematPartitioner(CustomPartitionerFn):
                     break
             else:
                 raise refused
+        else:
+            if split == "auto" and not chunks and self._may_split_for_speed(plan, bucket):
+                faster = self._faster_split(planned_gm, num_fwd_outputs, device, costs, plan)
+                if faster is not None:
+                    chunks, sites, (capture, fused, plan) = faster
         if chunks:
             plan.info["split"] = split_info(chunks, sites)
         if bucket is not None:
@@ -253,11 +259,47 @@ class RematPartitioner(CustomPartitionerFn):
         plan.info["partition_seconds"] = time.perf_counter() - started  # captured, planned, lowered
         return graphs
 
+    def _may_split_for_speed(self, plan, bucket) -> bool:
+        """Whether ``split="auto"`` weighs split plans against ``plan``, a fitting plan of the step as
+        captured: under ``auto`` and a budget (not ``"min"``), a static step, and an overhead above
+        ``FASTER_SPLIT_OVERHEAD``."""
+        opts = self.options
+        return (opts.solver == "auto" and opts.plan is None and bucket is None and opts.budget is not None
+                and not is_min(opts.budget) and plan.step_overhead > FASTER_SPLIT_OVERHEAD)
+
+    def _faster_split(self, planned_gm, num_fwd_outputs, device, costs, unsplit):
+        """(chunks, sites, (capture, fused, plan)) of a split step planned at the unsplit plan's budget
+        bytes whose predicted step (compute and stalls) is ``FASTER_SPLIT_GAIN`` below the unsplit
+        plan's; chunk counts from 2 up while each is faster than the one before, only where a quick plan
+        fits (as the eager backend does). None: no split plan is that much faster."""
+        sites = find_sites(planned_gm, num_fwd_outputs)
+        budget_bytes = self.last_budget_bytes
+        best, chosen = unsplit, None
+        for chunks in SPLIT_FACTORS if sites else ():
+            try:
+                planned = self._capture_and_plan(split_joint(planned_gm, num_fwd_outputs, sites, chunks),
+                                                 num_fwd_outputs, device, costs, None, None, split_step=True,
+                                                 quick_only=True, budget_bytes=budget_bytes)
+            except InfeasibleBudgetError:
+                continue
+            if planned is None:
+                continue
+            step = planned[2].simulation.step_seconds
+            if step >= best.simulation.step_seconds * (1 - FASTER_SPLIT_GAIN):
+                break
+            planned[2].info["chosen by"] = (
+                f"auto: split into {chunks} chunks, predicted {planned[2].step_overhead:+.1%} against the "
+                f"unsplit plan's {unsplit.step_overhead:+.1%} (its own store-all compute each)")
+            best, chosen = planned[2], (chunks, sites, planned)
+        self.last_budget_bytes = budget_bytes
+        return chosen
+
     def _capture_and_plan(self, planned_gm, num_fwd_outputs, device, costs, bucket, key, split_step=False,
-                          quick_only=False):
+                          quick_only=False, budget_bytes: int | None = None):
         """Capture, fuse and plan one joint graph: (capture, fused graph, plan). Auto offloads below
         what recomputation reaches, or where that is much cheaper. ``split_step``: a split step,
-        planned by ``SPLIT_FIRST_SOLVER`` first; ``quick_only``: None unless a quick plan fits."""
+        planned by ``SPLIT_FIRST_SOLVER`` first; ``quick_only``: None unless a quick plan fits;
+        ``budget_bytes``: the budget in bytes, instead of the options' budget resolved on this graph."""
         opts = self.options
         capture = capture_joint(
             planned_gm, num_fwd_outputs,
@@ -266,7 +308,7 @@ class RematPartitioner(CustomPartitionerFn):
             transfer=compiled_transfer_meta(device) if opts.solver in OFFLOADING_SOLVERS else None,
         )
         fused = fuse(capture, kernel_seconds=costs.kernel_seconds if costs else None)
-        if quick_only and not self._quick_plan_fits(fused):
+        if quick_only and not self._quick_plan_fits(fused, budget_bytes):
             return None  # auto's full search on a split step takes minutes: only where a quick plan fits
         may_offload = opts.solver == "auto" and opts.plan is None and bucket is None
         if may_offload and is_min(opts.budget):  # the smallest peak, offloading included
@@ -275,10 +317,10 @@ class RematPartitioner(CustomPartitionerFn):
             plan = None
             if split_step and opts.solver == "auto" and not is_min(opts.budget):  # seconds, where auto takes minutes
                 try:
-                    plan = self._plan(fused, bucket=bucket, solver=SPLIT_FIRST_SOLVER)
+                    plan = self._plan(fused, bucket=bucket, solver=SPLIT_FIRST_SOLVER, budget_bytes=budget_bytes)
                 except InfeasibleBudgetError:
                     pass
-            plan = plan or self._plan(fused, bucket=bucket)
+            plan = plan or self._plan(fused, bucket=bucket, budget_bytes=budget_bytes)
         except InfeasibleBudgetError as err:
             if not may_offload or uses_swaps(fused.graph):
                 if bucket is not None:
@@ -286,18 +328,21 @@ class RematPartitioner(CustomPartitionerFn):
                 raise
             # below what recomputation reaches: auto offloads too (its error then names that minimum)
             fused = with_transfer_costs(fused, compiled_transfer_meta(device))
-            plan = self._plan(fused, reuse_rounds=OFFLOAD_TRY_REUSE_ROUNDS)
+            plan = self._plan(fused, reuse_rounds=OFFLOAD_TRY_REUSE_ROUNDS, budget_bytes=budget_bytes)
         else:
             if may_offload and not uses_swaps(fused.graph):
-                fused, plan = self._offload_if_much_cheaper(fused, plan, device)
+                fused, plan = self._offload_if_much_cheaper(fused, plan, device, budget_bytes)
         return capture, fused, plan
 
-    def _quick_plan_fits(self, fused) -> bool:
-        """Whether store_all or a quick baseline fits the budget on ``fused``'s graph (seconds)."""
+    def _quick_plan_fits(self, fused, budget_bytes: int | None = None) -> bool:
+        """Whether store_all or a quick baseline fits the budget (``budget_bytes``, else the options'
+        budget resolved on ``fused``'s graph) on ``fused``'s graph (seconds)."""
         budget = self.options.budget
         if budget is None or is_min(budget):
             return True
-        return quick_minimum(fused.graph) <= resolve(fused.graph, budget, self.options.solver) - self.margin_bytes
+        if budget_bytes is None:
+            budget_bytes = resolve(fused.graph, budget, self.options.solver)
+        return quick_minimum(fused.graph) <= budget_bytes - self.margin_bytes
 
     def _bucket(self, gm) -> dict:
         """``{symbol: edge}`` of the bucket of a joint graph with symbolic sizes, guarded so that
@@ -313,14 +358,17 @@ class RematPartitioner(CustomPartitionerFn):
         refuse_unless_monotone(gm, low, high)
         return high
 
-    def _plan(self, fused, reuse_rounds: int = SLACK_ROUNDS, bucket: dict | None = None, solver: str | None = None):
+    def _plan(self, fused, reuse_rounds: int = SLACK_ROUNDS, bucket: dict | None = None, solver: str | None = None,
+              budget_bytes: int | None = None):
         """The plan of ``fused``'s graph at the budget less the margin (raised into the bytes
         Inductor writes in place where that fits, in at most ``reuse_rounds`` more plans). In a
         ``bucket``, a fraction budget gives the most bytes it has given any bucket so far (those of
-        the largest: they hold at every smaller bucket too)."""
+        the largest: they hold at every smaller bucket too). ``budget_bytes``: the budget in bytes (a
+        split step planned at its unsplit step's bytes), instead of the options' budget resolved here."""
         opts = self.options
-        budget = opts.budget
-        budget_bytes = None if budget is None else resolve(fused.graph, budget, opts.solver)
+        budget = opts.budget if budget_bytes is None else budget_bytes
+        if budget_bytes is None:
+            budget_bytes = None if budget is None else resolve(fused.graph, budget, opts.solver)
         if bucket is not None and is_fraction(budget):  # the bytes the fraction gives at the largest bucket
             self.bucket_budget_bytes = max(self.bucket_budget_bytes or 0, budget_bytes)
             budget = budget_bytes = self.bucket_budget_bytes
@@ -349,7 +397,7 @@ class RematPartitioner(CustomPartitionerFn):
             plan.info["planned_below_budget_by"] = self.margin_bytes
         return plan
 
-    def _offload_if_much_cheaper(self, fused, plan, device):
+    def _offload_if_much_cheaper(self, fused, plan, device, budget_bytes: int | None = None):
         """``auto``'s recomputation plan, or, where it costs much more than computing everything once,
         the plan made with the offload tier's costs (``auto`` then also runs the ``hybrid`` solver, a
         greedy refinement of the recomputation plan that offloads where that pays) when that is at
@@ -365,7 +413,7 @@ class RematPartitioner(CustomPartitionerFn):
         if plan.step_seconds * (1 - OFFLOAD_MIN_GAIN) <= store_all_seconds:
             return fused, plan
         offloading = with_transfer_costs(fused, compiled_transfer_meta(device))
-        alternative = self._plan(offloading, reuse_rounds=OFFLOAD_TRY_REUSE_ROUNDS)
+        alternative = self._plan(offloading, reuse_rounds=OFFLOAD_TRY_REUSE_ROUNDS, budget_bytes=budget_bytes)
         if alternative.step_seconds < (1 - OFFLOAD_MIN_GAIN) * plan.step_seconds:
             alternative.info = {**alternative.info, "recomputation plan's step": plan.step_seconds}
             return offloading, alternative

@@ -51,7 +51,9 @@ and which of those are the solver's proven minimum.
 from __future__ import annotations
 
 import copy
+import gc
 import time
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 
 from ..budget import bytes_to_fraction, fixed_bytes, is_min, resolve_budget
@@ -246,6 +248,25 @@ def _for_budget(plan: Plan, budget_bytes, **info) -> Plan:
 # ------------------------------------------------------------------------- the planner
 def make_plan(graph: Graph, budget=None, solver: str = "auto", *, time_limit: float | None = None, **options) -> Plan:
     """The plan ``solver`` makes for ``graph`` under ``budget`` (see :mod:`remat.budget`)."""
+    with _collector_paused():
+        return _make_plan(graph, budget, solver, time_limit, options)
+
+
+@contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector off while planning (as it was before, after). Planning makes
+    millions of small objects and no cyclic garbage (0 objects to collect after ``auto`` on a 64-layer
+    Llama), but each collection walks the whole heap, the captured model's included: 2.3 of 11.4 s there."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _make_plan(graph: Graph, budget, solver: str, time_limit: float | None, options: dict) -> Plan:
     start = time.perf_counter()
     if solver != "auto" and solver not in SOLVERS:
         raise SolverError(f"unknown solver {solver!r}; choose 'auto' or one of {', '.join(sorted(SOLVERS))}")
