@@ -15,6 +15,7 @@ Run: ``.venv/bin/python benchmarks/split.py [--quick]`` (writes ``benchmarks/spl
 
 ``--faster`` (writes ``benchmarks/split_faster.md``): ``split="auto"`` at budgets the step fits unsplit with
 recomputation, against ``split="off"``: chunks chosen, predicted overheads, measured peaks and step times.
+``--faster-compiled`` (writes ``benchmarks/split_faster_compiled.md``): the same with ``remat.compile``.
 
 ``--blocks`` (writes ``benchmarks/split_blocks.md``): ResNet-18 and ``cnn_bn`` of the zoo (BatchNorm,
 split in two passes over chunks of images), a ``scaled_dot_product_attention`` block and an
@@ -91,22 +92,31 @@ def measured_rows(model, kwargs, runs):
     return rows
 
 
-def faster_rows(model, kwargs, rounds: int = 5):
+def faster_rows(model, kwargs, rounds: int = 5, compiled: bool = False):
     """``split="auto"`` at budgets the step fits unsplit with recomputation: what it chooses (split where a
     split plan is predicted faster) against ``split="off"``, both by ``auto``: predicted overheads, plan
-    times, measured peaks and step time (median ratio of alternating rounds)."""
+    times, measured peaks and step time (median ratio of alternating rounds). ``compiled``: the same with
+    ``remat.compile`` (Inductor; its budgets of the fused step, calibration off)."""
     import remat
 
-    unsplit_min = remat.plan(model, **kwargs, budget="min", split="off", cache=False).peak_bytes
+    if compiled:
+        def build(budget, **options):
+            return remat.compile(copy.deepcopy(model), budget=budget, example_kwargs=kwargs, cache=False,
+                                 calibrate=False, **options)
+        unsplit_min = build("min", split="off").plan.info["budget_bytes"]
+    else:
+        def build(budget, **options):
+            return remat.optimize(copy.deepcopy(model), **kwargs, budget=budget, cache=False, **options)
+        unsplit_min = remat.plan(model, **kwargs, budget="min", split="off", cache=False).peak_bytes
     rows = md_header(["budget", "`split='off'`: overhead, plan time", "`split='auto'`: chunks, overhead, plan time",
                       "measured peak off / auto", "step auto / off"])
     for factor in (1.0, 1.1, 1.25):
         budget = int(unsplit_min * factor)
         t0 = time.perf_counter()
-        off = remat.optimize(copy.deepcopy(model), **kwargs, budget=budget, split="off", cache=False)
+        off = build(budget, split="off")
         t_off = time.perf_counter() - t0
         t0 = time.perf_counter()
-        auto = remat.optimize(copy.deepcopy(model), **kwargs, budget=budget, cache=False)
+        auto = build(budget)
         t_auto = time.perf_counter() - t0
         peaks = [measured_peak(m, lambda m=m: m(**kwargs).backward()) for m in (off, auto)]
         chunks = auto.plan.info.get("split", {}).get("chunks", "-")
@@ -396,6 +406,8 @@ def main():
                         help="only the largest-batch search under this many MiB (writes benchmarks/split_batch.md)")
     parser.add_argument("--faster", action="store_true",
                         help="only split='auto' where the step fits unsplit (writes benchmarks/split_faster.md)")
+    parser.add_argument("--faster-compiled", action="store_true",
+                        help="the same with remat.compile (writes benchmarks/split_faster_compiled.md)")
     a = parser.parse_args()
     process_setup()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -404,16 +416,19 @@ def main():
     def written(name: str) -> str | None:  # --quick runs print only
         return None if a.quick else name
 
-    if a.faster:
+    if a.faster or a.faster_compiled:
         model, _, kwargs = gpt2(cfg)
-        rows = faster_rows(model, kwargs)
-        report("Splitting where it is faster, not only where it is needed", started, [
+        rows = faster_rows(model, kwargs, compiled=a.faster_compiled)
+        how = ("`remat.compile` (Inductor), `inductor` cost model, calibration off; budgets of the fused step"
+               if a.faster_compiled else "`profile` cost model")
+        report("Splitting where it is faster, not only where it is needed"
+               + (" (Inductor)" if a.faster_compiled else ""), started, [
             f"GPT-2, {cfg['n_layer']} layers, width {cfg['n_embd']}, vocabulary {cfg['vocab']}, {cfg['batch']} x "
-            f"{cfg['seq']} tokens; solver `auto`, `profile` cost model. At budgets the step fits as captured, "
+            f"{cfg['seq']} tokens; solver `auto`, {how}. At budgets the step fits as captured, "
             "`split='auto'` weighs split plans against the unsplit one when that one's predicted overhead is above "
             "2%, and takes a split plan predicted at least 2% faster. Overheads are predicted, each against its own "
             "step's store-all compute; peaks measured (allocator, one step); step times in 5 alternating rounds.", "",
-            *rows, ""], written("split_faster.md"))
+            *rows, ""], written("split_faster_compiled.md" if a.faster_compiled else "split_faster.md"))
         return
     if a.blocks:
         rows, notes = block_rows(a.quick)
