@@ -39,7 +39,7 @@ from ..plan import Plan
 from .registry import SOLVERS, register
 from .chain import Block
 from .keep_set import KeepSetModel
-from .rotor import (ChainDP, Option, best_plan, chains_or_error, option_from_schedule,
+from .rotor import (ChainDP, best_plan, chains_or_error, option_from_schedule,
                     pareto_options, store_all_option)
 
 SAVE_FRACTIONS = (0.0, 0.1, 0.25, 0.4, 0.6, 0.8)

@@ -140,11 +140,12 @@ def _per_class(what: tuple, block: Block, measure):
     """``measure()``, once per ``what`` and class of identical blocks (:attr:`Block.key`, and the
     graph outputs the block makes, which the measurement subtracts)."""
     key = (what, block.key, block.pinned_bytes, tuple(block.tail_graph.forward_outputs))
-    if key not in _CLASS_MEMO:
+    known = _CLASS_MEMO.get(key)
+    if known is None:  # (block menus run in threads: a clear by another one between a set and a get is harmless)
         if len(_CLASS_MEMO) >= _CLASS_MEMO_SIZE:
             _CLASS_MEMO.clear()
-        _CLASS_MEMO[key] = measure()
-    return _CLASS_MEMO[key]
+        known = _CLASS_MEMO[key] = measure()
+    return known
 
 
 def _prune_forward(g: Graph, forward: list[int], backward: list[int]) -> tuple[list[int], list[int]]:
