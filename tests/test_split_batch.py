@@ -131,12 +131,16 @@ def test_smallest_split_plan_of_a_batchnorm_cnn_runs_exactly():
 
 def test_remat_compile_splits_for_inductor():
     """Inductor's joint graph is decomposed (layer norm as var_mean, rsqrt, ...): the same block
-    splits by sequence, forced or where the step as captured cannot plan."""
+    splits by sequence, forced or where the step as captured cannot plan. A fraction budget is of the
+    step as captured, unsplit, as in the eager backend: the same bytes with and without the split."""
     model, args = _sdpa()
     eager_loss, eager = _grads(copy.deepcopy(model), *args)
-    compiled = remat.compile(copy.deepcopy(model), *args, split=2, cache=False)
+    compiled = remat.compile(copy.deepcopy(model), *args, split=2, budget=0.9, cache=False, calibrate=False)
     (site,) = compiled.plan.info["split"]["sites"]
     assert "over 6 rows" in site and "var_mean" in site and compiled.plan.info["compiler"] == "inductor"
     loss, grads = _grads(compiled, *args)
     torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=0)
     _close(grads, eager)
+    unsplit = remat.compile(copy.deepcopy(model), *args, split="off", budget=0.9, cache=False, calibrate=False)
+    assert compiled.plan.info["budget_bytes"] == unsplit.plan.info["budget_bytes"]
+    assert compiled.plan.peak_bytes <= compiled.plan.info["budget_bytes"]

@@ -215,20 +215,24 @@ class RematPartitioner(CustomPartitionerFn):
         split = opts.split if bucket is None and opts.plan is None else "off"  # a dynamic capture is not split
         sites = find_sites(planned_gm, num_fwd_outputs) if isinstance(split, int) and split > 1 else []
         chunks = split if sites else None
+        # a fraction is of the step as captured, unsplit (as in the eager backend), also for a split step
+        forced_bytes = (self._unsplit_budget_bytes(planned_gm, num_fwd_outputs, device, costs)
+                        if chunks and is_fraction(opts.budget) else None)
         try:
             capture, fused, plan = self._capture_and_plan(
                 split_joint(planned_gm, num_fwd_outputs, sites, chunks) if chunks else planned_gm,
-                num_fwd_outputs, device, costs, bucket, key, split_step=bool(chunks))
+                num_fwd_outputs, device, costs, bucket, key, split_step=bool(chunks), budget_bytes=forced_bytes)
         except InfeasibleBudgetError as refused:
             sites = find_sites(planned_gm, num_fwd_outputs) if split == "auto" and opts.solver == "auto" else []
             if not sites:
                 raise
+            unsplit_bytes = self.last_budget_bytes if is_fraction(opts.budget) else None  # resolved on the unsplit step
             # below the step's floor as captured: its largest ops split into 2, 4, ... chunks, the fewest that plan
             for chunks in SPLIT_FACTORS:  # the fewest chunks whose quick plans fit, planned in full
                 try:
                     planned = self._capture_and_plan(split_joint(planned_gm, num_fwd_outputs, sites, chunks),
                                                      num_fwd_outputs, device, costs, bucket, key, split_step=True,
-                                                     quick_only=True)
+                                                     quick_only=True, budget_bytes=unsplit_bytes)
                 except InfeasibleBudgetError:
                     continue
                 if planned is not None:
@@ -258,6 +262,15 @@ class RematPartitioner(CustomPartitionerFn):
         tag_plan_memory(graphs, plan, expanded, fused.members)
         plan.info["partition_seconds"] = time.perf_counter() - started  # captured, planned, lowered
         return graphs
+
+    def _unsplit_budget_bytes(self, planned_gm, num_fwd_outputs, device, costs) -> int:
+        """The options' budget (a fraction) in bytes of the step as captured, unsplit and fused."""
+        opts = self.options
+        capture = capture_joint(planned_gm, num_fwd_outputs,
+                                cost_fn=costs.node_seconds if costs else make_cost_fn(opts.cost_model, device),
+                                workspace_fn=make_workspace_fn(opts.workspace))
+        fused = fuse(capture, kernel_seconds=costs.kernel_seconds if costs else None)
+        return resolve(fused.graph, opts.budget, opts.solver)
 
     def _may_split_for_speed(self, plan, bucket) -> bool:
         """Whether ``split="auto"`` weighs split plans against ``plan``, a fitting plan of the step as
