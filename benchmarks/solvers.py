@@ -152,7 +152,8 @@ def sweep_row() -> list[str]:
 def deep_rows(layers: int = 64) -> list[str]:
     """Planning a deep model of identical layers: the zoo's Llama-style model with ``layers`` layers
     (batch 2 x 64 tokens, ``flops`` costs): capture, ``auto`` at 50%, then ``hierarchical`` at eight more
-    budgets (its block menus and DP tables reused), and ``keep_set`` alone at 50%."""
+    budgets (its block menus and DP tables reused), ``keep_set`` alone at 50%, and ``auto`` at 50% again with
+    the offload tier's costs (as a capture with a budget records them: ``hybrid`` runs too)."""
     import remat
     from remat.api import capture_and_plan
     from remat.graph import forget_memos
