@@ -229,12 +229,8 @@ class RematPartitioner(CustomPartitionerFn):
             unsplit_bytes = self.last_budget_bytes if is_fraction(opts.budget) else None  # resolved on the unsplit step
             # below the step's floor as captured: its largest ops split into 2, 4, ... chunks, the fewest that plan
             for chunks in SPLIT_FACTORS:  # the fewest chunks whose quick plans fit, planned in full
-                try:
-                    planned = self._capture_and_plan(split_joint(planned_gm, num_fwd_outputs, sites, chunks),
-                                                     num_fwd_outputs, device, costs, bucket, key, split_step=True,
-                                                     quick_only=True, budget_bytes=unsplit_bytes)
-                except InfeasibleBudgetError:
-                    continue
+                planned = self._quick_split_plan(planned_gm, num_fwd_outputs, device, costs, sites, chunks,
+                                                 unsplit_bytes, bucket, key)
                 if planned is not None:
                     capture, fused, plan = planned
                     break
@@ -265,12 +261,20 @@ class RematPartitioner(CustomPartitionerFn):
 
     def _unsplit_budget_bytes(self, planned_gm, num_fwd_outputs, device, costs) -> int:
         """The options' budget (a fraction) in bytes of the step as captured, unsplit and fused."""
-        opts = self.options
-        capture = capture_joint(planned_gm, num_fwd_outputs,
-                                cost_fn=costs.node_seconds if costs else make_cost_fn(opts.cost_model, device),
-                                workspace_fn=make_workspace_fn(opts.workspace))
-        fused = fuse(capture, kernel_seconds=costs.kernel_seconds if costs else None)
-        return resolve(fused.graph, opts.budget, opts.solver)
+        _, fused = self._capture_and_fuse(planned_gm, num_fwd_outputs, device, costs)
+        return resolve(fused.graph, self.options.budget, self.options.solver)
+
+    def _quick_split_plan(self, planned_gm, num_fwd_outputs, device, costs, sites, chunks, budget_bytes,
+                          bucket=None, key=None):
+        """(capture, fused, plan) of the step with ``sites`` split into ``chunks``, where a quick plan fits
+        (``budget_bytes``: the unsplit step's, None: the options' budget resolved on the split step); None
+        where none fits or the plan is infeasible."""
+        try:
+            return self._capture_and_plan(split_joint(planned_gm, num_fwd_outputs, sites, chunks), num_fwd_outputs,
+                                          device, costs, bucket, key, split_step=True, quick_only=True,
+                                          budget_bytes=budget_bytes)
+        except InfeasibleBudgetError:
+            return None
 
     def _may_split_for_speed(self, plan, bucket) -> bool:
         """Whether ``split="auto"`` weighs split plans against ``plan``, a fitting plan of the step as
@@ -289,12 +293,7 @@ class RematPartitioner(CustomPartitionerFn):
         budget_bytes = self.last_budget_bytes
         best, chosen = unsplit, None
         for chunks in SPLIT_FACTORS if sites else ():
-            try:
-                planned = self._capture_and_plan(split_joint(planned_gm, num_fwd_outputs, sites, chunks),
-                                                 num_fwd_outputs, device, costs, None, None, split_step=True,
-                                                 quick_only=True, budget_bytes=budget_bytes)
-            except InfeasibleBudgetError:
-                continue
+            planned = self._quick_split_plan(planned_gm, num_fwd_outputs, device, costs, sites, chunks, budget_bytes)
             if planned is None:
                 continue
             step = planned[2].simulation.step_seconds
@@ -304,7 +303,6 @@ class RematPartitioner(CustomPartitionerFn):
                 f"auto: split into {chunks} chunks, predicted {planned[2].step_overhead:+.1%} against the "
                 f"unsplit plan's {unsplit.step_overhead:+.1%} (its own store-all compute each)")
             best, chosen = planned[2], (chunks, sites, planned)
-        self.last_budget_bytes = budget_bytes
         return chosen
 
     def _capture_and_plan(self, planned_gm, num_fwd_outputs, device, costs, bucket, key, split_step=False,
@@ -314,13 +312,9 @@ class RematPartitioner(CustomPartitionerFn):
         planned by ``SPLIT_FIRST_SOLVER`` first; ``quick_only``: None unless a quick plan fits;
         ``budget_bytes``: the budget in bytes, instead of the options' budget resolved on this graph."""
         opts = self.options
-        capture = capture_joint(
-            planned_gm, num_fwd_outputs,
-            cost_fn=costs.node_seconds if costs else make_cost_fn(opts.cost_model, device),
-            workspace_fn=make_workspace_fn(opts.workspace),
-            transfer=compiled_transfer_meta(device) if opts.solver in OFFLOADING_SOLVERS else None,
-        )
-        fused = fuse(capture, kernel_seconds=costs.kernel_seconds if costs else None)
+        capture, fused = self._capture_and_fuse(
+            planned_gm, num_fwd_outputs, device, costs,
+            transfer=compiled_transfer_meta(device) if opts.solver in OFFLOADING_SOLVERS else None)
         if quick_only and not self._quick_plan_fits(fused, budget_bytes):
             return None  # auto's full search on a split step takes minutes: only where a quick plan fits
         may_offload = opts.solver == "auto" and opts.plan is None and bucket is None
@@ -346,6 +340,14 @@ class RematPartitioner(CustomPartitionerFn):
             if may_offload and not uses_swaps(fused.graph):
                 fused, plan = self._offload_if_much_cheaper(fused, plan, device, budget_bytes)
         return capture, fused, plan
+
+    def _capture_and_fuse(self, planned_gm, num_fwd_outputs, device, costs, transfer=None):
+        """(capture, fused graph) of one joint graph, with the options' cost and workspace models."""
+        opts = self.options
+        capture = capture_joint(planned_gm, num_fwd_outputs,
+                                cost_fn=costs.node_seconds if costs else make_cost_fn(opts.cost_model, device),
+                                workspace_fn=make_workspace_fn(opts.workspace), transfer=transfer)
+        return capture, fuse(capture, kernel_seconds=costs.kernel_seconds if costs else None)
 
     def _quick_plan_fits(self, fused, budget_bytes: int | None = None) -> bool:
         """Whether store_all or a quick baseline fits the budget (``budget_bytes``, else the options'

@@ -33,8 +33,8 @@ from ..graph import Graph
 from ..plan import Plan
 from ..simulate import peak_lower_bound
 from .registry import SOLVERS, register
-from .checkmate_model import (Formulation, build, decode, schedule_from_R, solution_vector, to_highs, value_roles,
-                               with_save_budget)
+from .checkmate_model import (Formulation, build, decode, schedule_from_R, set_start, solution_vector, to_highs,
+                               value_roles, with_save_budget)
 
 DEFAULT_TIME_LIMIT = 120.0
 SMALLEST_PEAK_SECONDS = 10.0  # the least time the smallest-peak MILP gets (see _smallest_peak)
@@ -235,10 +235,7 @@ def solve_milp(
             if stages is None:
                 continue
             x = solution_vector(f, *stages)
-            sol = highspy.HighsSolution()
-            sol.col_value = list(x)
-            sol.value_valid = True
-            if h.setSolution(sol) == highspy.HighsStatus.kOk:
+            if set_start(h, x):
                 warm = p
                 info["warm start"] = f"{p.solver} ({p.overhead * 100:+.1f}%)"
                 break

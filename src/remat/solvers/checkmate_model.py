@@ -519,6 +519,16 @@ def _copy_frees(f: Formulation, t: int, v: int, pos: list[int], frees_at: dict) 
         frees_at.setdefault(k, []).append((v, col))
 
 
+def set_start(h, x) -> bool:
+    """Hand HiGHS the vector ``x`` as a starting solution; whether it took it."""
+    import highspy
+
+    sol = highspy.HighsSolution()
+    sol.col_value = list(x)
+    sol.value_valid = True
+    return h.setSolution(sol) == highspy.HighsStatus.kOk
+
+
 def to_highs(f: Formulation, *, relax: bool = False):
     """A ``highspy.Highs`` instance holding ``f`` (``relax``: the LP relaxation)."""
     import highspy
@@ -610,4 +620,4 @@ def decode(f: Formulation, x) -> tuple[set[tuple[int, int]], set[tuple[int, int]
     return R_on, S_on
 
 
-__all__ = ["Formulation", "build", "recompute_windows", "value_roles", "horizons", "to_highs", "schedule_from_R", "solution_vector", "decode", "with_save_budget"]
+__all__ = ["Formulation", "build", "recompute_windows", "value_roles", "horizons", "to_highs", "schedule_from_R", "solution_vector", "decode", "with_save_budget", "set_start"]

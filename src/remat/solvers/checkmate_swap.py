@@ -79,7 +79,8 @@ from ..errors import RematError, SolverError, SolverTimeLimitWarning
 from ..graph import Graph
 from ..plan import COMPUTE, OFFLOAD, RELOAD, Plan, transfer_costs
 from .registry import SOLVERS, register
-from .checkmate_model import Formulation, build, decode, schedule_from_R, solution_vector, to_highs, value_roles
+from .checkmate_model import (Formulation, build, decode, schedule_from_R, set_start, solution_vector, to_highs,
+                               value_roles)
 
 DEFAULT_TIME_LIMIT = 60.0
 WARM_GREEDY_TIME_LIMIT = 10.0  # for the hybrid greedy's plan that warm-starts the MILP
@@ -456,10 +457,7 @@ def solve_swap_milp(
                 if best is None or value < best[0]:
                     best = (value, x, p.solver)
         if best is not None:
-            sol = highspy.HighsSolution()
-            sol.col_value = list(best[1])
-            sol.value_valid = True
-            if h.setSolution(sol) == highspy.HighsStatus.kOk:
+            if set_start(h, best[1]):
                 info["warm start"] = best[2]
     status, hinfo, x = run_highs(h, max(min(1.0, limit), limit - (time.perf_counter() - start)), gap, threads)
     info["solve seconds"] = round(h.getRunTime(), 3)

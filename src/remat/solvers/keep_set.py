@@ -53,7 +53,7 @@ from ..errors import SolverError
 from ..graph import Graph
 from ..plan import Plan
 from .registry import register
-from .checkmate_model import value_roles
+from .checkmate_model import set_start, value_roles
 from .schedule import backward_with_recomputation, cheapest_fitting
 
 
@@ -81,6 +81,10 @@ class KeepSetModel:
                     rows.append((0.0, {self.k_col[u]: 1.0, self.x_col[values[u].producer]: 1.0,
                                        self.x_col[i]: -1.0}))
         self.rows = rows
+        self._csr = (np.asarray([r[0] for r in rows], dtype=np.float64),  # the rows as a row-wise matrix
+                     np.asarray([len(r[1]) for r in rows], dtype=np.int64),
+                     np.asarray([c for r in rows for c in r[1]], dtype=np.int32),
+                     np.asarray([x for r in rows for x in r[1].values()], dtype=np.float64))
         self.upper = np.ones(self.num_cols)
         for i in fixed:
             if i in self.x_col:
@@ -104,11 +108,6 @@ class KeepSetModel:
         relaxation's vector; ``fixed``: columns whose value (not NaN) is fixed; ``start``: a warm start."""
         import highspy
 
-        if not hasattr(self, "_csr"):  # the base rows as a row-wise matrix, built once
-            self._csr = (np.asarray([r[0] for r in self.rows], dtype=np.float64),
-                         np.asarray([len(r[1]) for r in self.rows], dtype=np.int64),
-                         np.asarray([c for r in self.rows for c in r[1]], dtype=np.int32),
-                         np.asarray([x for r in self.rows for x in r[1].values()], dtype=np.float64))
         base_lower, lengths, index, value = self._csr
         extra_index = [np.flatnonzero(r[2]) for r in extra_rows]
         lp = highspy.HighsLp()
@@ -141,10 +140,7 @@ class KeepSetModel:
         if time_limit is not None:
             h.setOptionValue("time_limit", float(time_limit))
         if start is not None:
-            sol = highspy.HighsSolution()
-            sol.col_value = list(start)
-            sol.value_valid = True
-            h.setSolution(sol)
+            set_start(h, start)
         h.run()
         status = h.getModelStatus()
         stopped_with_a_plan = (time_limit is not None and status == highspy.HighsModelStatus.kTimeLimit
