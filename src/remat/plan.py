@@ -58,58 +58,10 @@ class Plan:
     @classmethod
     def from_schedule(cls, graph: Graph, forward: Iterable[int], backward: Iterable[int], **kwargs) -> "Plan":
         """A plan that runs ``forward`` then ``backward`` (node ids, repeats allowed = recomputation)
-        and frees each value instance right after its last use before its next recomputation."""
-        forward, backward = list(forward), list(backward)
-        sequence = forward + backward
-        boundary_pos = len(forward)
-        values, nodes = graph.values, graph.nodes
-        forward_outputs = {v for v in graph.forward_outputs if values[v].kind == ACTIVATION}
-        backward_outputs = {v for v in graph.backward_outputs if values[v].kind in (ACTIVATION, TANGENT)}
-
-        # instance = (value, position created); find each instance's last use
-        current: dict[int, int] = {}
-        last_use: dict[tuple[int, int], int] = {}
-        last_instance: dict[int, tuple[int, int]] = {}
-        live_at_boundary: set[tuple[int, int]] = set()
-        for pos, nid in enumerate(sequence):
-            if pos == boundary_pos:
-                live_at_boundary = {(v, p) for v, p in current.items()}
-                for t in graph.tangents:  # autograd hands them in; dropped after their last use
-                    current[t] = pos
-                    last_use[(t, pos)] = pos
-            node = nodes[nid]
-            for v in node.inputs:
-                if values[v].kind in (ACTIVATION, TANGENT) and v in current:
-                    last_use[(v, current[v])] = pos
-            for v in node.outputs:
-                current[v] = pos
-                last_use[(v, pos)] = pos
-                last_instance[v] = (v, pos)
-        if boundary_pos == len(sequence):
-            live_at_boundary = {(v, p) for v, p in current.items()}
-
-        def pinned(inst: tuple[int, int]) -> bool:
-            v, created = inst
-            if v in forward_outputs and inst in live_at_boundary and created < boundary_pos:
-                return True
-            return v in backward_outputs and last_instance.get(v, inst) == inst
-
-        frees_after: dict[int, list[int]] = {}
-        for inst, pos in last_use.items():
-            if not pinned(inst):
-                frees_after.setdefault(pos, []).append(inst[0])
-
-        instructions: list[Instruction] = []
-        boundary = 0
-        for pos, nid in enumerate(sequence):
-            if pos == boundary_pos:
-                boundary = len(instructions)
-            instructions.append(Instruction(COMPUTE, nid))
-            for v in sorted(frees_after.get(pos, ())):
-                instructions.append(Instruction(FREE, v))
-        if boundary_pos == len(sequence):
-            boundary = len(instructions)
-        return cls(graph, tuple(instructions), boundary, **kwargs)
+        and frees each value instance right after its last use before its next recomputation
+        (:func:`schedule_instructions`)."""
+        instructions, boundary = schedule_instructions(graph, forward, backward)
+        return cls(graph, instructions, boundary, **kwargs)
 
     def with_swaps(self, offload_after=None, reload_before=None, **kwargs) -> "Plan":
         """This plan with offload/reload instructions inserted, simulated anew.
@@ -346,6 +298,88 @@ class Plan:
         return graph
 
 
+def schedule_instructions(graph: Graph, forward: Iterable[int], backward: Iterable[int]) -> tuple[tuple[Instruction, ...], int]:
+    """(instructions, boundary) of :meth:`Plan.from_schedule`, not simulated: ``forward`` then
+    ``backward`` as computes, each value instance freed right after its last use before its next
+    recomputation, except the forward outputs' instances live at the boundary (the user holds
+    them) and the last instance of each gradient the step returns.
+
+    One walk from the end: a value read at a position whose later instance (if any) has been met
+    but not this one's later reads is at its last use there; a value made and not read before its
+    next computation is freed right after it is made. Tangents are made at the boundary."""
+    forward = list(forward)
+    sequence = forward + list(backward)
+    n, boundary_pos = len(sequence), len(forward)
+    values, nodes = graph.values, graph.nodes
+    freeable = (ACTIVATION, TANGENT)
+    forward_outputs = {v for v in graph.forward_outputs if values[v].kind == ACTIVATION}
+    backward_outputs = {v for v in graph.backward_outputs if values[v].kind in freeable}
+    first_backward_make: dict[int, int] = {}  # value -> first position >= the boundary that makes it
+    for pos in range(boundary_pos, n):
+        for v in nodes[sequence[pos]].outputs:
+            first_backward_make.setdefault(v, pos)
+
+    frees_after: dict[int, list[int]] = {}
+    read_later: set[int] = set()  # values whose instance (the one current at the walk's position) is read later
+    made_later: set[int] = set()  # values made at a position after the walk's
+    made_later_in_forward: set[int] = set()  # ... and before the boundary
+
+    def free_after(pos: int, v: int, pinned: bool) -> None:
+        if not pinned:
+            frees_after.setdefault(pos, []).append(v)
+
+    for pos in range(n - 1, -1, -1):
+        node = nodes[sequence[pos]]
+        in_forward = pos < boundary_pos
+        for v in node.outputs:
+            if v not in read_later:
+                pinned = (v in backward_outputs and v not in made_later) or (
+                    in_forward and v in forward_outputs and v not in made_later_in_forward)
+                free_after(pos, v, pinned)
+            read_later.discard(v)
+            made_later.add(v)
+            if in_forward:
+                made_later_in_forward.add(v)
+        for v in node.inputs:
+            if v in read_later or values[v].kind not in freeable:
+                continue
+            read_later.add(v)
+            if in_forward:
+                live_at_boundary = v not in made_later_in_forward
+            else:
+                live_at_boundary = first_backward_make.get(v, n) >= pos
+            pinned = (v in backward_outputs and v not in made_later) or (v in forward_outputs and live_at_boundary)
+            free_after(pos, v, pinned)
+        if pos == boundary_pos:  # autograd hands the tangents in here
+            for t in graph.tangents:
+                if t not in read_later:
+                    free_after(pos, t, t in backward_outputs and t not in made_later)
+                read_later.discard(t)
+
+    compute, free = _interned_instructions(graph)
+    instructions: list[Instruction] = []
+    boundary = 0
+    for pos, nid in enumerate(sequence):
+        if pos == boundary_pos:
+            boundary = len(instructions)
+        instructions.append(compute[nid])
+        if pos in frees_after:
+            instructions.extend(free[v] for v in sorted(frees_after[pos]))
+    if boundary_pos == n:
+        boundary = len(instructions)
+    return tuple(instructions), boundary
+
+
+def _interned_instructions(graph: Graph) -> tuple[list[Instruction], list[Instruction]]:
+    """``compute(node)`` for every node and ``free(value)`` for every value of ``graph``, made once
+    (instructions are immutable; a plan of 20,000 instructions spent a third of its building
+    time making them)."""
+    return graph.memo.cached(("interned instructions", len(graph.nodes), len(graph.values)), lambda: (
+        [Instruction(COMPUTE, i) for i in range(len(graph.nodes))],
+        [Instruction(FREE, v) for v in range(len(graph.values))],
+    ))
+
+
 def insert_swaps(instructions, boundary: int, offload_after=None, reload_before=None):
     """``(instructions, boundary)`` with ``offload(v)`` after instruction ``offload_after[v]`` and
     ``reload(v)`` before instruction ``reload_before[v]`` (a list of indices swaps v several
@@ -396,5 +430,5 @@ class PlanGraphMismatchError(InvalidPlanError):
         )
 
 
-__all__ = ["Plan", "PlanGraphMismatchError", "Instruction", "Simulation", "simulate", "insert_swaps",
+__all__ = ["Plan", "PlanGraphMismatchError", "Instruction", "Simulation", "simulate", "insert_swaps", "schedule_instructions",
            "transfer_costs", "COMPUTE", "FREE", "OFFLOAD", "RELOAD", "FORWARD", "BACKWARD", "TANGENT"]

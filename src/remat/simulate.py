@@ -300,8 +300,11 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
             resident.add(t)
             current += values[t].bytes
 
+    kind_of = [value.kind for value in values]  # (the loop below runs once per instruction: locals)
+    bytes_of = [value.bytes for value in values]
     for i, ins in enumerate(instructions):
-        release_due()
+        if pending:
+            release_due()
         if i == boundary:
             forward_peak = peak
             enter_backward()
@@ -316,16 +319,14 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
             if in_backward and node.id in no_backward_recompute:
                 fail(i, "it reads an input the forward mutates, so it cannot be recomputed in the backward")
             for v in node.inputs:
-                kind = values[v].kind
-                if v in updated:
+                if updated and v in updated:
                     fail(i, f"it reads {values[v].name}, which the optimizer has updated already in this backward")
-                if kind == INPUT:
+                if kind_of[v] == INPUT or v in resident:
                     continue
                 if v in offloaded:
                     fail(i, f"input {values[v].name} is offloaded; reload it first")
-                if v not in resident:
-                    fail(i, f"input {values[v].name} is not resident")
-            waits = [ready.pop(v) for v in node.inputs if v in ready]
+                fail(i, f"input {values[v].name} is not resident")
+            waits = [ready.pop(v) for v in node.inputs if v in ready] if ready else None
             if waits:  # a reload still copying: compute stalls until it lands
                 wait_until(max(waits))
                 release_due()
@@ -337,37 +338,39 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
                     if v in pinned:  # the user keeps the old copy; the plan makes a new one
                         pinned.discard(v)
                         resident.discard(v)
-                        current -= values[v].bytes
-                        external += values[v].bytes
+                        current -= bytes_of[v]
+                        external += bytes_of[v]
                     else:
                         fail(i, f"output {values[v].name} is already resident")
-                out_bytes += values[v].bytes
+                out_bytes += bytes_of[v]
             if node.random and runs[node.id] > 1 and runs_left[node.id] == runs[node.id]:
                 current += rng_bytes  # generator state kept for the replays
-            reused, taken = 0, set()
-            for v_in, v_out in reuse_candidates.get(node.id, ()):  # outputs written into dying inputs
-                if (v_out not in taken and v_in in freed_next.get(i, ()) and v_in in resident
-                        and v_in not in absorbed and v_in not in pinned and values[v_in].kind == ACTIVATION
-                        and not (same_phase_only and (made_at.get(v_in, -1) >= boundary) != in_backward)
-                        and not fused_with_a_conflicting_reader(i, node.id, v_in)):
-                    reused_at.append((i, v_in, v_out))
-                    taken.add(v_out)
-                    absorbed.add(v_in)
-                    reused += values[v_in].bytes
-            out_bytes -= reused
+            pairs = reuse_candidates.get(node.id) if reuse_candidates else None
+            if pairs:  # outputs written into dying inputs
+                taken = set()
+                for v_in, v_out in pairs:
+                    if (v_out not in taken and v_in in freed_next.get(i, ()) and v_in in resident
+                            and v_in not in absorbed and v_in not in pinned and values[v_in].kind == ACTIVATION
+                            and not (same_phase_only and (made_at.get(v_in, -1) >= boundary) != in_backward)
+                            and not fused_with_a_conflicting_reader(i, node.id, v_in)):
+                        reused_at.append((i, v_in, v_out))
+                        taken.add(v_out)
+                        absorbed.add(v_in)
+                        out_bytes -= values[v_in].bytes
             here = current + external + out_bytes + node.workspace
             if here > peak:
                 peak, peak_index = here, i
-            if in_backward:
-                backward_peak = max(backward_peak, here)
+            if in_backward and here > backward_peak:
+                backward_peak = here
             current += out_bytes
             resident.update(node.outputs)
-            made_at.update((v, i) for v in node.outputs)
+            if reuse_candidates:
+                made_at.update((v, i) for v in node.outputs)
             if node.random and runs[node.id] > 1:
                 runs_left[node.id] -= 1
                 if runs_left[node.id] == 0:
                     current -= rng_bytes
-            if node.id in updates:
+            if updates and node.id in updates:
                 if updates[node.id] in updated:
                     fail(i, "it would update a parameter a second time (an optimizer step runs once)")
                 updated.add(updates[node.id])
@@ -378,7 +381,7 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
             v = ins.target
             if not 0 <= v < len(values):
                 raise InvalidPlanError(f"instruction {i}: no value with id {v}")
-            kind = values[v].kind
+            kind = kind_of[v]
             if ins.kind == FREE:
                 if kind == INPUT:
                     fail(i, "inputs are never freed")
@@ -427,12 +430,14 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
                 pending.append((done, 0, values[v].bytes))
         else:
             fail(i, f"unknown instruction kind {ins.kind!r}")
-        release_due()  # copies that landed while this instruction ran (all of them when synchronous)
-        if current + external > peak:
-            peak, peak_index = current + external, i
-        if in_backward:
-            backward_peak = max(backward_peak, current + external)
-        timeline.append(current + external)
+        if pending:  # copies that landed while this instruction ran (all of them when synchronous)
+            release_due()
+        counted = current + external
+        if counted > peak:
+            peak, peak_index = counted, i
+        if in_backward and counted > backward_peak:
+            backward_peak = counted
+        timeline.append(counted)
     if boundary == len(instructions):
         forward_peak = peak
         enter_backward()
