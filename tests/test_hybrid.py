@@ -228,3 +228,77 @@ def test_a_descent_stalled_above_the_budget_backs_up_from_the_lowest_plan(monkey
     starts.clear()
     monkeypatch.setattr(hybrid, "_lowest_state", lambda graph, state, limit: (hybrid._Search(graph, 0).build(state), 0))
     assert solve("hybrid", g, budget).peak_bytes > budget  # without backing up: nothing fits
+
+
+def layered(n: int, overlap: bool = False) -> Graph:
+    """``n`` identical layers (op ``linear``, module ``layers.<i>``), each one's backward reading its
+    input; copies synchronous (``overlap=False``: every swap stalls) or beside compute."""
+    from remat.graph import GraphBuilder
+
+    b = GraphBuilder("layers")
+    hs = [b.input("x", 10)]
+    for i in range(n):
+        hs += b.op(f"f{i}", [hs[-1]], [100], cost=1.0, op="linear", module=f"layers.{i}")
+    (loss,) = b.op("loss", [hs[-1]], [4], op="loss")
+    (g,) = b.op("loss_bwd", [b.tangent("dloss", 4), hs[-1]], [100], phase="backward", op="loss_bwd")
+    for i in range(n - 1, -1, -1):
+        (g,) = b.op(f"f{i}_bwd", [g, hs[i]] if i else [g], [100 if i else 10], phase="backward", cost=2.0,
+                    op="linear_bwd", module=f"layers.{i}")
+    meta = {"transfer": {"d2h_bytes_per_s": 1000.0, "h2d_bytes_per_s": 1000.0, "overlap": overlap}}
+    return b.build(forward_outputs=[loss], backward_outputs=[g], meta=meta)
+
+
+def test_alike_switches_of_identical_layers_are_taken_together():
+    """From checkpoint_all's schedule at store_all's budget, keeping each layer's recomputed value is
+    the same switch in each of 12 layers: the descent takes the best one and then all the others
+    with it (one more simulation, as they fit together), instead of one layer per round."""
+    from remat.solvers.hybrid import State, _Search
+
+    g = layered(12)
+    store = solve("store_all", g, None)
+    start = solve("checkpoint_all", g, None)
+    assert start.recomputations >= 10
+    fwd, bwd = start.schedule()
+    search = _Search(g, store.peak_bytes)
+    first = search.build(State(tuple(fwd), tuple(bwd), ()))
+    keeps = [c for c in search.candidates(first, limit=None) if c[1] == "keep"]
+    kinds = {search.alike(first.state, "keep", target) for _, _, target in keeps}
+    assert len(keeps) >= 10 and len(kinds) == 1  # the same keep in every layer
+    fit, _, rounds = search.descend(first, float("inf"))
+    assert fit.plan.recomputations == 0 and not fit.plan.offloaded_values
+    assert fit.step == pytest.approx(store.step_seconds)
+    # one layer per round took 13 rounds and 196 simulations
+    assert rounds <= 3 and search.simulations <= 40, (rounds, search.simulations)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_step_floor_is_exact_for_synchronous_copies_and_a_bound_otherwise(overlap):
+    """The greedy skips switches whose step cannot beat the current one by :meth:`step_floor`;
+    with synchronous copies every copy stalls for its whole length, so the floor is the simulator's
+    step time exactly, and beside compute it is at most that. Checked on every state a search of
+    the layered graph builds, offloading ones included."""
+    from remat.solvers import hybrid
+
+    g = layered(6, overlap=overlap)
+    built = []
+    original = hybrid._Search.build
+
+    def build(self, state):
+        ev = original(self, state)
+        if ev is not None:
+            built.append((self, ev))
+        return ev
+
+    hybrid._Search.build = build
+    try:
+        solve("hybrid", g, 0)  # its smallest plan: swaps
+        solve("hybrid", g, solve("store_all", g, None).peak_bytes * 3 // 4)
+    finally:
+        hybrid._Search.build = original
+    assert any(ev.plan.offloaded_values for _, ev in built)
+    for search, ev in built:
+        floor = search.step_floor(ev.state)
+        if overlap:
+            assert floor <= ev.step + 1e-12
+        else:
+            assert floor == pytest.approx(ev.step, rel=1e-12, abs=1e-12)

@@ -184,3 +184,71 @@ def test_no_reuse_of_an_input_that_lives_on():
                     Instruction(FREE, a), Instruction(FREE, bb), Instruction(COMPUTE, 3)]
     sim = simulate(graph, instructions, boundary=5)
     assert sim.peak_bytes == 201
+
+
+def _frees_by_forward_walk(graph, forward, backward):
+    """The rule of :meth:`Plan.from_schedule`, written the plain way round (a reference): follow each
+    value instance from where it is made to its last read, and free it there unless it is a forward
+    output's instance live at the boundary or the last instance of a returned gradient."""
+    from remat.graph import ACTIVATION, TANGENT
+
+    seq, nf = list(forward) + list(backward), len(forward)
+    values, nodes = graph.values, graph.nodes
+    instances = []  # [value, made at, last read]
+    current = {}
+    for pos, nid in enumerate(seq):
+        if pos == nf:
+            for t in graph.tangents:
+                current[t] = len(instances)
+                instances.append([t, pos, pos])
+        for v in nodes[nid].inputs:
+            if values[v].kind in (ACTIVATION, TANGENT) and v in current:
+                instances[current[v]][2] = pos
+        for v in nodes[nid].outputs:
+            current[v] = len(instances)
+            instances.append([v, pos, pos])
+    last_made = {}
+    for k, (v, made, _) in enumerate(instances):
+        last_made[v] = k
+    at_boundary = {}
+    for k, (v, made, _) in enumerate(instances):
+        if made < nf:
+            at_boundary[v] = k
+    outputs = {v for v in graph.forward_outputs if values[v].kind == ACTIVATION}
+    grads = {v for v in graph.backward_outputs if values[v].kind in (ACTIVATION, TANGENT)}
+    frees = {}
+    for k, (v, made, last) in enumerate(instances):
+        pinned = (v in outputs and at_boundary.get(v) == k) or (v in grads and last_made.get(v, k) == k)
+        if not pinned:
+            frees.setdefault(last, []).append(v)
+    out = []
+    for pos, nid in enumerate(seq):
+        out.append(Instruction(COMPUTE, nid))
+        out.extend(Instruction(FREE, v) for v in sorted(frees.get(pos, ())))
+    return out
+
+
+def test_schedule_instructions_free_each_instance_after_its_last_read():
+    """:func:`remat.plan.schedule_instructions` (one walk from the end) against the plain rule, on
+    store_all's and checkpoint_all's schedules and on 40 random ones: the forward in order, the
+    backward with random forward nodes recomputed at random places (valid or not: the instructions are
+    defined either way)."""
+    import random
+
+    from remat.plan import schedule_instructions
+
+    graph = chain(6)
+    forward = [n.id for n in graph.nodes if n.phase != BACKWARD]
+    backward = [n.id for n in graph.nodes if n.phase == BACKWARD]
+    schedules = [solve("store_all", graph, None).schedule(), solve("checkpoint_all", graph, None).schedule(),
+                 (forward + backward, [])]
+    rng = random.Random(0)
+    for _ in range(40):
+        bwd = list(backward)
+        for _ in range(rng.randrange(6)):
+            bwd.insert(rng.randrange(len(bwd) + 1), rng.choice(forward))
+        schedules.append((forward, bwd))
+    for fwd, bwd in schedules:
+        instructions, boundary = schedule_instructions(graph, fwd, bwd)
+        assert list(instructions) == _frees_by_forward_walk(graph, fwd, bwd)
+        assert instructions[boundary - 1 if boundary else 0].kind in (COMPUTE, FREE)

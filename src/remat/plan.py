@@ -314,10 +314,16 @@ def schedule_instructions(graph: Graph, forward: Iterable[int], backward: Iterab
     freeable = (ACTIVATION, TANGENT)
     forward_outputs = {v for v in graph.forward_outputs if values[v].kind == ACTIVATION}
     backward_outputs = {v for v in graph.backward_outputs if values[v].kind in freeable}
+    first_make: dict[int, int] = {}  # value -> first position that makes it (a read before that reads nothing)
     first_backward_make: dict[int, int] = {}  # value -> first position >= the boundary that makes it
-    for pos in range(boundary_pos, n):
-        for v in nodes[sequence[pos]].outputs:
-            first_backward_make.setdefault(v, pos)
+    for pos, nid in enumerate(sequence):
+        for v in nodes[nid].outputs:
+            first_make.setdefault(v, pos)
+            if pos >= boundary_pos:
+                first_backward_make.setdefault(v, pos)
+    if boundary_pos < n:
+        for t in graph.tangents:  # autograd hands them in at the boundary, before its first computation
+            first_make.setdefault(t, boundary_pos - 1)
 
     frees_after: dict[int, list[int]] = {}
     read_later: set[int] = set()  # values whose instance (the one current at the walk's position) is read later
@@ -341,7 +347,7 @@ def schedule_instructions(graph: Graph, forward: Iterable[int], backward: Iterab
             if in_forward:
                 made_later_in_forward.add(v)
         for v in node.inputs:
-            if v in read_later or values[v].kind not in freeable:
+            if v in read_later or values[v].kind not in freeable or first_make.get(v, n) >= pos:
                 continue
             read_later.add(v)
             if in_forward:
