@@ -569,13 +569,13 @@ class _Search:
                 if kicked is not None and not kicked.fits and kicked.step < best.step - _EPS:
                     # (a fitting switch is the descent's, a slower one gains nothing)
                     kicks.append((kicked, self.alike(best.state, kind, target)))
-            kinds_kicked: set[tuple] = set()
-            for kicked, kind in sorted(kicks, key=lambda k: (k[0].peak, k[0].step)):
-                if time.perf_counter() >= deadline or len(kinds_kicked) == KICKS:
+            kicked_kinds: set[tuple] = set()
+            for kicked, alike in sorted(kicks, key=lambda k: (k[0].peak, k[0].step)):
+                if time.perf_counter() >= deadline or len(kicked_kinds) == KICKS:
                     break
-                if kind in kinds_kicked:  # the same kick in another identical layer: repaired alike
+                if alike in kicked_kinds:  # the same kick in another identical layer: repaired alike
                     continue
-                kinds_kicked.add(kind)
+                kicked_kinds.add(alike)
                 fit, _, more = self.descend(kicked, deadline)
                 rounds += more
                 if fit is not None and fit.step < best.step - _EPS:
