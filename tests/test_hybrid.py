@@ -272,7 +272,7 @@ def test_alike_switches_of_identical_layers_are_taken_together():
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_the_step_floor_is_exact_for_synchronous_copies_and_a_bound_otherwise(overlap):
+def test_the_step_floor_is_exact_for_synchronous_copies_and_a_bound_otherwise(overlap, monkeypatch):
     """The greedy skips switches whose step cannot beat the current one by :meth:`step_floor`;
     with synchronous copies every copy stalls for its whole length, so the floor is the simulator's
     step time exactly, and beside compute it is at most that. Checked on every state a search of
@@ -289,12 +289,9 @@ def test_the_step_floor_is_exact_for_synchronous_copies_and_a_bound_otherwise(ov
             built.append((self, ev))
         return ev
 
-    hybrid._Search.build = build
-    try:
-        solve("hybrid", g, 0)  # its smallest plan: swaps
-        solve("hybrid", g, solve("store_all", g, None).peak_bytes * 3 // 4)
-    finally:
-        hybrid._Search.build = original
+    monkeypatch.setattr(hybrid._Search, "build", build)
+    solve("hybrid", g, 0)  # its smallest plan: swaps
+    solve("hybrid", g, solve("store_all", g, None).peak_bytes * 3 // 4)
     assert any(ev.plan.offloaded_values for _, ev in built)
     for search, ev in built:
         floor = search.step_floor(ev.state)

@@ -382,8 +382,8 @@ class RematPartitioner(CustomPartitionerFn):
         split step planned at its unsplit step's bytes), instead of the options' budget resolved here."""
         opts = self.options
         budget = opts.budget if budget_bytes is None else budget_bytes
-        if budget_bytes is None:
-            budget_bytes = None if budget is None else resolve(fused.graph, budget, opts.solver)
+        if budget_bytes is None and budget is not None:
+            budget_bytes = resolve(fused.graph, budget, opts.solver)
         if bucket is not None and is_fraction(budget):  # the bytes the fraction gives at the largest bucket
             self.bucket_budget_bytes = max(self.bucket_budget_bytes or 0, budget_bytes)
             budget = budget_bytes = self.bucket_budget_bytes

@@ -76,6 +76,25 @@ _EPS = 1e-12
 _LAYER_NUMBER = re.compile(r"\d+")  # a module path's layer numbers: alike switches differ only there
 
 
+def _occurrences(nodes: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(node, how many times it ran before) at each position of a schedule."""
+    seen: dict[int, int] = {}
+    out = []
+    for nid in nodes:
+        seen[nid] = seen.get(nid, -1) + 1
+        out.append((nid, seen[nid]))
+    return out
+
+
+def _bounded(cache: dict, key, make, size: int):
+    """``cache[key]``, made by ``make()`` the first time; the cache is emptied when it holds ``size``."""
+    if key not in cache:
+        if len(cache) > size:
+            cache.clear()
+        cache[key] = make()
+    return cache[key]
+
+
 @dataclass(frozen=True)
 class State:
     forward: tuple[int, ...]
@@ -130,24 +149,16 @@ class _Search:
     def schedule(self, fwd, bwd) -> tuple[tuple, int, list[int]]:
         """(instructions, boundary, index of each compute) of the schedule, without swaps and not
         simulated (a state with swaps is simulated once, with them)."""
-        key = (fwd, bwd)
-        if key not in self._schedules:
-            if len(self._schedules) > 64:
-                self._schedules.clear()
+        def make():
             instructions, boundary = schedule_instructions(self.graph, fwd, bwd)
-            computes = [i for i, ins in enumerate(instructions) if ins.kind == COMPUTE]
-            self._schedules[key] = (instructions, boundary, computes)
-        return self._schedules[key]
+            return instructions, boundary, [i for i, ins in enumerate(instructions) if ins.kind == COMPUTE]
+
+        return _bounded(self._schedules, (fwd, bwd), make, 64)
 
     def instances(self, fwd, bwd) -> dict[int, tuple[int, int]]:
         """For each activation the forward saves for the backward: (position of its last forward
         use, or of its computation; position of its first backward use). Cached per schedule."""
-        key = (fwd, bwd)
-        if key not in self._instances:
-            if len(self._instances) > 64:
-                self._instances.clear()
-            self._instances[key] = self._find_instances(fwd, bwd)
-        return self._instances[key]
+        return _bounded(self._instances, (fwd, bwd), lambda: self._find_instances(fwd, bwd), 64)
 
     def _find_instances(self, fwd, bwd) -> dict[int, tuple[int, int]]:
         seq = fwd + bwd
@@ -208,11 +219,7 @@ class _Search:
     # ---------------------------------------------------------------- building
     def build(self, state: State) -> _Eval | None:
         """The state's plan, simulated; None when the simulator rejects it (cached)."""
-        if state not in self._built:
-            if len(self._built) > 4096:
-                self._built.clear()
-            self._built[state] = self._build(state)
-        return self._built[state]
+        return _bounded(self._built, state, lambda: self._build(state), 4096)
 
     def _build(self, state: State) -> _Eval | None:
         try:
@@ -471,8 +478,8 @@ class _Search:
         """What a switch changes, but for which layer: its kind, its node's op, module path with
         layer numbers dropped (``layers.#.mlp``) and output sizes (and the output's index, for a
         switch named by value). The same switch in each of identical layers is alike."""
-        if kind in ("keep", "drop"):
-            node, out = self.graph.nodes[(state.forward + state.backward)[target]], -1
+        if kind in ("keep", "drop"):  # a position in the backward
+            node, out = self.graph.nodes[state.backward[target - len(state.forward)]], -1
         else:
             node = self.graph.producer(target)
             out = node.outputs.index(target)
@@ -517,20 +524,13 @@ class _Search:
         itself; a backward position is found by its node and occurrence among the backward's
         (None: gone)."""
         nf = len(before.forward)
-        wanted: dict[tuple[int, int], int] = {}
-        for k, (_, kind, target) in enumerate(switches):
-            if kind in ("keep", "drop"):
-                nid = before.backward[target - nf]
-                wanted[(nid, before.backward[: target - nf].count(nid))] = k
         found: list[int | None] = [None if kind in ("keep", "drop") else target for _, kind, target in switches]
-        if wanted:
-            seen: dict[int, int] = {}
-            for j, nid in enumerate(after.backward):
-                occurrence = seen.get(nid, -1) + 1
-                seen[nid] = occurrence
-                k = wanted.get((nid, occurrence))
-                if k is not None:
-                    found[k] = nf + j
+        at = {target - nf: k for k, (_, kind, target) in enumerate(switches) if kind in ("keep", "drop")}
+        if at:
+            wanted = {key: at[j] for j, key in enumerate(_occurrences(before.backward)) if j in at}
+            for j, key in enumerate(_occurrences(after.backward)):
+                if key in wanted:
+                    found[wanted[key]] = nf + j
         return found
 
     def apply_many(self, state: State, kind: str, targets: list[int]) -> State | None:

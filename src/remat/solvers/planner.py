@@ -386,6 +386,7 @@ def recomputation_plan(graph: Graph, budget_bytes: int, *, time_limit: float | N
     key = ("recompute",) + _plan_key(budget_bytes, "auto", {})
     if graph.memo.get(key) is not None:
         return graph.memo[key]
+
     def smallest():
         return smallest_plan(graph, "auto", time_limit=time_limit, thorough=False, swaps=False)
 
