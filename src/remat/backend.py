@@ -12,6 +12,7 @@ last use. This module is remat's only contact with AOTAutograd's private APIs.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 
@@ -24,6 +25,7 @@ from .capture import capture_joint, joint_device
 from .capture.shapes import is_dynamic
 from .capture.split import (FASTER_SPLIT_GAIN, FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites,
                             split_info, split_joint)
+from .capture.split_sizes import SymbolicSizes
 from .cost import make_cost_fn, make_workspace_fn
 from .errors import InfeasibleBudgetError, RematError, through_dynamo
 from .execute.buckets import BucketedStep, dispatching_graphs
@@ -94,7 +96,8 @@ def make_partition_fn(opts: BackendOptions, updated_params: dict | None = None):
 MIN_GAIN = 0.02  # budget="min": a larger split factor must lower the peak by this fraction to be tried further
 
 
-def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts: BackendOptions):
+def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts: BackendOptions,
+                      sizes: SymbolicSizes | None = None):
     """``(capture, plan)`` for the step, its ops split into row chunks where that is needed
     (:mod:`remat.capture.split`).
 
@@ -109,7 +112,12 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     lowers the quick planners' smallest peak by ``MIN_GAIN``, then the smallest plan of that factor
     in full (kept when it beats the unsplit step's by ``MIN_GAIN``). An int: that many chunks, whatever the solver. A
     fraction is of the unsplit step's store-all peak, and :class:`InfeasibleBudgetError` names the
-    smallest budget over every split tried."""
+    smallest budget over every split tried.
+
+    ``sizes``: ``joint`` is a bucket's concrete copy of a step captured with symbolic sizes
+    (:mod:`remat.capture.split_sizes`): only sites whose rows alone vary split, into the chunk
+    counts that hold at every size of the bucket (an int ``split``: the most chunks up to it that
+    do), and a step that fits is not split for speed (each bucket would pay the split plans' search)."""
     split = opts.split
     if opts.plan is not None or split in ("off", 1) or (split == "auto" and opts.solver != "auto"):
         return captured, plan(captured.graph, opts.budget)
@@ -121,10 +129,13 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
         except InfeasibleBudgetError as err:
             refused = err
         else:
-            if fitting.step_overhead <= FASTER_SPLIT_OVERHEAD:
+            if fitting.step_overhead <= FASTER_SPLIT_OVERHEAD or sizes is not None:
                 return captured, fitting
-    sites = find_sites(joint, num_fwd_outputs)
-    if not sites:
+    sites = find_sites(joint, num_fwd_outputs, sizes)
+    factors = [k for k in SPLIT_FACTORS if sizes is None or sizes.allows(sites, k)]
+    if isinstance(split, int) and sizes is not None:
+        split = max((k for k in range(2, split + 1) if sizes.allows(sites, k)), default=1)
+    if not sites or not factors or split == 1:
         if fitting is not None:
             return captured, fitting
         if isinstance(split, int) or is_min(budget):
@@ -135,7 +146,7 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
 
     def chunked(k):
         if k not in captures:
-            captures[k] = capture(split_joint(joint, num_fwd_outputs, sites, k), num_fwd_outputs)
+            captures[k] = capture(split_joint(joint, num_fwd_outputs, sites, k, sizes), num_fwd_outputs)
         return captures[k]
 
     def with_chunks(k, budget):
@@ -151,12 +162,12 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
         return chunked(k), planned
 
     if fitting is not None:
-        return _faster_of(captured, fitting, chunked, sites, fitting.budget_bytes, plan)
+        return _faster_of(captured, fitting, chunked, sites, fitting.budget_bytes, plan, factors)
     if isinstance(split, int):  # a fraction of the unsplit step's peak
         return with_chunks(split, resolve(captured.graph, budget) if is_fraction(budget) else budget)
     if is_min(budget):  # the factor from the quick planners (seconds), then one full search
         chosen, quick = None, quick_minimum(captured.graph)
-        for k in SPLIT_FACTORS:
+        for k in factors:
             least = quick_minimum(chunked(k).graph)
             if least > quick * (1 - MIN_GAIN):
                 break
@@ -169,11 +180,11 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     least = refused.min_budget_bytes
     # first the fewest chunks a quick plan fits (seconds); only if none does, a full search per
     # factor whose lower bound the budget reaches
-    for k in SPLIT_FACTORS:
+    for k in factors:
         least = min(least, quick_minimum(chunked(k).graph))
         if least <= refused.budget_bytes:
             return with_chunks(k, refused.budget_bytes)
-    for k in SPLIT_FACTORS:
+    for k in factors:
         if refused.budget_bytes < peak_lower_bound(chunked(k).graph):
             continue
         try:
@@ -182,17 +193,17 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
             least = min(least, err.min_budget_bytes)
     store, fixed = store_all_plan(captured.graph).peak_bytes, fixed_bytes(captured.graph)
     raise InfeasibleBudgetError(
-        refused.budget_bytes, least, f"with its largest ops split into up to {SPLIT_FACTORS[-1]} chunks",
+        refused.budget_bytes, least, f"with its largest ops split into up to {factors[-1]} chunks",
         solver=refused.solver, budget_fraction=refused.budget_fraction,
         min_budget_fraction=bytes_to_fraction(least, store, fixed)) from None
 
 
-def _faster_of(captured, unsplit, chunked, sites, budget_bytes: int, plan):
+def _faster_of(captured, unsplit, chunked, sites, budget_bytes: int, plan, factors):
     """``(capture, plan)``: the unsplit step's fitting ``unsplit`` plan, or a split step's plan by
     ``SPLIT_FIRST_SOLVER`` within ``budget_bytes`` whose predicted step (compute and stalls) is at least
     ``FASTER_SPLIT_GAIN`` faster; chunk counts from 2 up while each is faster than the one before."""
     best = (captured, unsplit)
-    for k in SPLIT_FACTORS:
+    for k in factors:
         graph = chunked(k).graph
         if quick_minimum(graph) > budget_bytes:
             continue  # this factor needs a full search to fit at all: not worth one for speed
@@ -222,8 +233,11 @@ def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions, 
     far: its bytes, resolved on that bucket's graph, hold at every smaller bucket too."""
     state: dict = {"bytes": 0, "plans": [], "no_workspace": frozenset()}
 
-    def plan_bucket(concrete, key, full=False):
-        captured = capture(concrete, num_fwd_outputs, state["no_workspace"])
+    def plan_bucket(concrete, key, full=False, low=None, high=None):
+        def capture_here(graph, n):
+            return capture(graph, n, state["no_workspace"])
+
+        captured = capture_here(concrete, num_fwd_outputs)
         if not state["plans"]:  # the ops without scratch memory here are not probed at other sizes
             state["no_workspace"] = frozenset(captured.op_node[i].name for i, node in enumerate(captured.graph.nodes)
                                               if node.workspace == 0)
@@ -231,11 +245,15 @@ def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions, 
         if is_fraction(budget):  # the most bytes the fraction gives any bucket so far: the largest's
             state["bytes"] = max(state["bytes"], resolve(captured.graph, budget))
             budget = state["bytes"]
-        if full or opts.solver != "auto" or opts.plan is not None:
-            planned = plan(captured.graph, budget)
-        else:
-            planned = warm_plan(captured.graph, budget, state["plans"], time_limit=opts.time_limit,
-                                **opts.solver_options)
+
+        def plan_here(graph, budget, solver=None):
+            if solver is not None or full or opts.solver != "auto" or opts.plan is not None:
+                return plan(graph, budget, solver)
+            return warm_plan(graph, budget, state["plans"], time_limit=opts.time_limit, **opts.solver_options)
+
+        sizes = SymbolicSizes(joint, low, high) if low is not None else None
+        captured, planned = _plan_with_splits(concrete, num_fwd_outputs, captured, capture_here, plan_here,
+                                              dataclasses.replace(opts, budget=budget), sizes)
         planned.info["capture"] = capture_id
         state["plans"].append(planned)
         if opts.on_plan is not None:

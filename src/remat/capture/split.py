@@ -17,7 +17,12 @@ backward ops are two *segments*; each runs chunk after chunk (chunk 1's ops, the
 where the original ran the segment's first op. Inputs split by rows are sliced (views: no
 memory); outputs split by rows are concatenated when the segment ends; ``sum`` outputs are added
 up chunk by chunk (a weight's gradient: ``addmm`` into the running total); ``mean`` divides the
-summed losses by the summed weights. Graphs with symbolic sizes are not split.
+summed losses by the summed weights.
+
+A joint graph captured with symbolic sizes is split on its copy made concrete at a bucket's edge,
+given its :class:`~remat.capture.split_sizes.SymbolicSizes`: its sites are only those whose rows
+alone vary, and every size the rewrite computes from the rows (chunk bounds, view shapes, a mean's
+count) is emitted as arithmetic on the size inputs, so the split graph runs every size of the bucket.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import torch.fx as fx
 from .joint import forward_phase, input_mutations_of
 from .split_barriers import BARRIER_RULES
 from .split_rules import SUM, WHOLE, Split, State, rows_of, rule_for, val
+from .split_sizes import Size, SizeEmitter, SymbolicSizes, chunk_bounds, count_of
 
 aten = torch.ops.aten
 
@@ -300,14 +306,15 @@ def _convex(segment: list[Entry]) -> bool:
     return True
 
 
-def find_sites(joint: fx.GraphModule, num_fwd_outputs: int) -> list[Site]:
+def find_sites(joint: fx.GraphModule, num_fwd_outputs: int, sizes: SymbolicSizes | None = None) -> list[Site]:
     """The split sites of a joint graph, largest first: one grown from each op whose output holds at
     least ``SEED_FRACTION`` of the step's largest value and is not in an earlier site.
 
     A seed's rows may be counted in several units: its tokens ``B * T`` (a fine split, up to a
     chunk per token), or its sequences ``B`` (so batch-wise ops such as attention and convolutions
     join the site), or any row count of another seed that divides its own. The site with the
-    largest :attr:`Site.gain` wins; on a tie, the finer one."""
+    largest :attr:`Site.gain` wins; on a tie, the finer one. ``sizes``: ``joint`` is a bucket's concrete
+    copy of a graph with symbolic sizes, and only the sites that split at every size are kept."""
     forward = _forward_nodes(joint, num_fwd_outputs)
     ops = [n for n in joint.graph.nodes if n.op == "call_function" and isinstance(val(n), torch.Tensor)
            and val(n).dim() >= 2 and not _is_view_like(n)]
@@ -329,6 +336,8 @@ def find_sites(joint: fx.GraphModule, num_fwd_outputs: int) -> list[Site]:
             sites.append(best)
             taken.update(best.states)
             taken.update(best.splits)  # multi-output ops too: their values are their getitems
+    if sizes is not None:
+        sites = [site for site in sites if sizes.refusal(site) is None]
     return sites
 
 
@@ -342,25 +351,36 @@ def split_info(chunks: int, sites: list[Site]) -> dict:
     return {"chunks": chunks, "sites": [site.describe() for site in sites]}
 
 
-def split_joint(joint: fx.GraphModule, num_fwd_outputs: int, sites: list[Site], k: int) -> fx.GraphModule:
-    """A copy of ``joint`` with every site run in ``k`` chunks of rows (fewer when a site has fewer rows)."""
-    return _Rewriter(joint, num_fwd_outputs, sites, k).run()
+def split_joint(joint: fx.GraphModule, num_fwd_outputs: int, sites: list[Site], k: int,
+                sizes: SymbolicSizes | None = None) -> fx.GraphModule:
+    """A copy of ``joint`` with every site run in ``k`` chunks of rows (fewer when a site has fewer rows).
+    ``sizes``: ``joint`` is a bucket's concrete copy of a graph with symbolic sizes (``k`` then as
+    :meth:`~remat.capture.split_sizes.SymbolicSizes.allows`): chunks follow the sizes at run time."""
+    return _Rewriter(joint, num_fwd_outputs, sites, k, sizes).run()
+
+
+# views and expands whose size argument a rule rewrites for a chunk (``[n * per, *rest]``)
+_SHAPED = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default)
 
 
 class _Rewriter:
-    def __init__(self, joint: fx.GraphModule, num_fwd_outputs: int, sites: list[Site], k: int):
-        self.joint, self.sites, self.k = joint, sites, k
+    def __init__(self, joint: fx.GraphModule, num_fwd_outputs: int, sites: list[Site], k: int,
+                 sizes: SymbolicSizes | None = None):
+        self.joint, self.sites, self.k, self.sizes = joint, sites, k, sizes
         self.forward = _forward_nodes(joint, num_fwd_outputs)
         self.graph = fx.Graph()
         self.env: dict[fx.Node, fx.Node] = {}  # original node -> its whole value in the new graph
         self.chunks: dict[fx.Node, list[fx.Node]] = {}  # split value -> its chunks
         self.slices: dict[tuple, fx.Node] = {}
         self.contexts: dict[fx.Node, object] = {}  # barrier -> what its combine hands its apply pass
-        placeholders = [val(n) for n in joint.graph.find_nodes(op="placeholder")]
-        self.fake_mode = torch._guards.detect_fake_mode(placeholders)
+        placeholders = list(joint.graph.find_nodes(op="placeholder"))
+        self.fake_mode = torch._guards.detect_fake_mode([val(n) for n in placeholders])
+        self.emit_size = None if sizes is None else SizeEmitter(sizes, self.graph, lambda i: self.env[placeholders[i]])
 
     # -- emitting ------------------------------------------------------------------------------
     def _call(self, target, args, kwargs=None, meta_from: fx.Node | None = None) -> fx.Node:
+        if self.emit_size is not None:  # sizes that vary with the symbols: arithmetic on the size inputs
+            args, kwargs = self.emit_size.args(tuple(args)), self.emit_size.args(dict(kwargs or {}))
         node = self.graph.call_function(target, tuple(args), dict(kwargs or {}))
         if meta_from is not None:
             node.meta = {k: v for k, v in meta_from.meta.items() if k != "val"}
@@ -369,9 +389,16 @@ class _Rewriter:
             node.meta["val"] = target(*fake_args, **fake_kwargs)
         return node
 
-    def _bounds(self, site: Site) -> list[tuple[int, int]]:
+    def _rows(self, site: Site, arg: fx.Node, state: State, units):
+        """Rows of ``arg`` (split in ``state``) in ``units`` of the site: an int, or a :class:`Size`
+        under symbolic sizes."""
+        if self.sizes is None:
+            return units * state.per
+        return units * Size(self.sizes.per(arg, state, site))
+
+    def _bounds(self, site: Site) -> list[tuple]:
         k = max(1, min(self.k, site.rows))
-        return [(c * site.rows // k, (c + 1) * site.rows // k) for c in range(k)]
+        return chunk_bounds(site.rows if self.sizes is None else self.sizes.units(site), k)
 
     def _input_chunk(self, site: Site, arg: fx.Node, consumer: fx.Node, c: int, bounds) -> fx.Node:
         """A tensor argument of ``consumer``'s chunk ``c``."""
@@ -387,9 +414,11 @@ class _Rewriter:
         if key not in self.slices:
             base = self.env[arg]
             if state.lead > 1:
-                base = self._call(aten.view.default, (base, [site.rows * state.per, *val(arg).shape[state.lead:]]))
+                rest = val(arg).shape[state.lead:] if self.sizes is None else map(Size, self.sizes.shape(arg)[state.lead:])
+                base = self._call(aten.view.default, (base, [self._rows(site, arg, state, bounds[-1][1]), *rest]))
             start, end = bounds[c]
-            self.slices[key] = self._call(aten.slice.Tensor, (base, 0, start * state.per, end * state.per))
+            self.slices[key] = self._call(aten.slice.Tensor, (base, 0, self._rows(site, arg, state, start),
+                                                              self._rows(site, arg, state, end)))
         return self.slices[key]
 
     def _emit(self, target, *args, **kwargs) -> fx.Node:
@@ -421,6 +450,8 @@ class _Rewriter:
                     continue
                 if split.args is not None:
                     args, kwargs = split.args(args, kwargs, end - start)
+                if self.sizes is not None and node.target in _SHAPED:  # the chunk's shape, evaluated at run time
+                    args = (args[0], self.sizes.chunk_shape(node, site.states[node], site, end - start), *args[2:])
                 if split.addmm and c > 0:
                     chunk = self._call(aten.addmm.default, (totals[node], *args), meta_from=node)
                     totals[node] = chunk
@@ -481,13 +512,18 @@ class _Rewriter:
             elif state == SUM:
                 whole = totals[node]
                 op = node.args[0] if node.target is operator.getitem else node
-                if site.splits[op].divide != 1:  # a mean: the summed parts over the count
-                    whole = self._call(aten.div.Tensor, (whole, site.splits[op].divide), meta_from=node)
+                split = site.splits[op]
+                if split.divide != 1:  # a mean: the summed parts over the count
+                    divide = split.divide if self.sizes is None else Size(
+                        count_of(self.sizes.shape(op.args[0]), split.divide_dims))
+                    whole = self._call(aten.div.Tensor, (whole, divide), meta_from=node)
             else:  # mean: the summed losses over the summed total weights
                 weight = self._total_weight(site, node.args[0], totals)
                 whole = self._call(aten.div.Tensor, (totals[node], weight), meta_from=node)
             shape = list(val(node).shape)
             if list(val(whole).shape) != shape:
+                if self.sizes is not None:
+                    shape = [Size(s) for s in self.sizes.shape(node)]
                 whole = self._call(aten.view.default, (whole, shape), meta_from=node)
             self.env[node] = whole
 

@@ -99,6 +99,7 @@ class Split:
     addmm: bool = False
     target: Any = None  # the op each chunk runs instead of the original (``mean`` as a ``sum``)
     divide: int = 1  # ``sum`` outputs: the combined total is divided by this (a mean's count)
+    divide_dims: tuple | None = None  # the input dims whose sizes multiply to ``divide`` (None: all)
     barrier: Any = None  # a two-pass op (:mod:`remat.capture.split_barriers`): how its passes run
 
 
@@ -383,7 +384,8 @@ def _sum_over_rows(node, state_of):
 
     def args_fn(args, kwargs, n):
         return (args[0], chunk_dims, *args[2:]), kwargs
-    return Split((SUM,), args=args_fn, target=aten.sum.dim_IntList if mean else None, divide=count)
+    return Split((SUM,), args=args_fn, target=aten.sum.dim_IntList if mean else None, divide=count,
+                 divide_dims=tuple(dims))
 
 
 # batch-wise ops: the positions of the arguments read whole (weights); every other tensor by rows

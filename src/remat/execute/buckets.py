@@ -89,8 +89,10 @@ def _upgradable(plan) -> bool:
 class BucketedStep:
     """The dispatcher behind the forward and backward graphs of a joint graph with symbolic sizes.
 
-    ``plan_bucket(concrete_joint_gm, key, full) -> (capture, plan)`` captures and plans the joint
-    graph made concrete at the bucket's edges (``full``: with every solver, not the warm start); ``lower_fn(capture, plan) -> (fwd_gm, bwd_gm)`` lowers it.
+    ``plan_bucket(concrete_joint_gm, key, full, low, high) -> (capture, plan)`` captures and plans the
+    joint graph made concrete at the bucket's edges ``high`` (``full``: with every solver, not the warm
+    start; ``low``: the bucket's smallest sizes, ``{symbol: value}``); ``lower_fn(capture, plan) ->
+    (fwd_gm, bwd_gm)`` lowers it.
     ``edges``: the user's bucket edges (None: powers of two and midpoints)."""
 
     joint: fx.GraphModule
@@ -145,7 +147,7 @@ class BucketedStep:
             raise
         try:
             with _random_state_kept():  # profiling runs random ops: the step must draw as if it had not
-                capture, plan = self.plan_bucket(concrete_joint(self.joint, high), key, full)
+                capture, plan = self.plan_bucket(concrete_joint(self.joint, high), key, full, low, high)
         except InfeasibleBudgetError as err:
             self.refused[key] = name_bucket(err, key)
             raise

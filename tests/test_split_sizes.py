@@ -1,0 +1,146 @@
+"""Splits of a step captured with symbolic sizes: one split graph runs every size of its bucket."""
+
+from __future__ import annotations
+
+import copy
+import operator
+import random
+
+import pytest
+import torch
+
+import remat
+from remat.capture.shapes import concrete_joint, evaluate, symbols_of
+from remat.capture.split import find_sites, split_joint
+from remat.capture.split_sizes import SymbolicSizes, chunk_bounds
+from remat.measure import measure_step
+from remat.models.small import MHABlock, SDPABlock
+
+from .test_split import _close, _gpt2, _grads
+from .test_split_batch import ConvBN
+
+MiB = 2**20
+
+
+def _dynamic_step(model, inputs_of, sizes=(80, 100)):
+    """The bucketed step of ``model`` captured with dynamic sizes (two calls of other sizes)."""
+    steps = []
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="remat", options={"cache": False, "on_step": steps.append})
+    for size in sizes:
+        args, kwargs = inputs_of(size)
+        compiled(*args, **kwargs).backward()
+    return steps[0]
+
+
+def _joint_inputs(joint, binding: dict, vocab: int) -> list:
+    torch.manual_seed(0)
+    out = []
+    for n in joint.graph.find_nodes(op="placeholder"):
+        v = n.meta["val"]
+        if isinstance(v, torch.SymInt):
+            out.append(evaluate(v, binding))
+            continue
+        shape = [evaluate(x, binding) for x in v.shape]
+        out.append(torch.randn(shape, dtype=v.dtype) if v.dtype.is_floating_point else torch.randint(0, vocab, shape))
+    return out
+
+
+def _tensors(outputs) -> list[torch.Tensor]:
+    return [x for x in torch.utils._pytree.tree_leaves(outputs) if isinstance(x, torch.Tensor)]
+
+
+def _gpt2_case():
+    model, batch = _gpt2(vocab=4000, n_embd=32, batch=2, seq=128)
+    return model, lambda t: ((), {"input_ids": batch["input_ids"][:, :t], "labels": batch["input_ids"][:, :t]})
+
+
+def _block_case(cls):
+    torch.manual_seed(0)
+    return cls(), lambda t: ((torch.randn(6, t, 64),), {})
+
+
+@pytest.mark.parametrize("case, chunks, expected", [
+    ("gpt2", 4, "_log_softmax"),  # the LM head and loss over B * T tokens
+    ("sdpa", 2, "_scaled_dot_product_flash_attention_for_cpu"),  # whole sequences: [T, D] after the rows
+    ("mha", 2, "bmm"),  # the scores over B * H: [T, T] after the rows
+])
+def test_a_split_of_a_step_with_symbolic_sizes_runs_every_size_of_its_bucket(case, chunks, expected):
+    model, inputs_of = {"gpt2": _gpt2_case, "sdpa": lambda: _block_case(SDPABlock),
+                        "mha": lambda: _block_case(MHABlock)}[case]()
+    step = _dynamic_step(model, inputs_of)
+    joint, symbols = step.joint, symbols_of(step.joint)
+    high, low = {s: 128 for s in symbols}, {s: 97 for s in symbols}  # the bucket 97..128
+    concrete = concrete_joint(joint, high)
+    sizes = SymbolicSizes(joint, low, high)
+    sites = find_sites(concrete, step.num_fwd_outputs, sizes)
+    assert any(expected in site.describe() for site in sites)
+    assert sizes.allows(sites, chunks)
+    split = split_joint(concrete, step.num_fwd_outputs, sites, chunks, sizes)
+    # where the rows vary, the chunk bounds are computed from the sizes at run time, not fixed at the edge
+    varying = any(sizes.units(site).free_symbols for site in sites)
+    assert varying == (case != "sdpa")  # the SDPA block splits its 6 sequences: their sizes after the rows vary
+    assert varying == any(n.target is operator.floordiv for n in split.graph.nodes)
+    for length in (97, 100, 113, 128):  # 97 and 113 rows do not divide into equal chunks
+        inputs = _joint_inputs(joint, {s: length for s in symbols}, vocab=4000)
+        want = _tensors(torch.fx.Interpreter(joint).run(*inputs))
+        got = _tensors(split(*inputs))
+        assert [x.shape for x in got] == [x.shape for x in want]
+        for a, b in zip(got, want):  # rows bitwise where split by rows; sums over chunks in another order
+            assert (a - b).abs().max() <= 1e-5 * b.abs().max(), (length, (a - b).abs().max(), b.abs().max())
+        assert sum(torch.equal(a, b) for a, b in zip(got, want)) >= len(want) // 3  # the row-wise ones
+
+
+def test_chunks_at_every_size_of_a_bucket_are_no_larger_than_at_its_edge():
+    for edge_rows, k in ((256, 4), (192, 8), (96, 32)):
+        at_edge = edge_rows // k
+        for rows in range(k, edge_rows + 1):
+            sizes = [end - start for start, end in chunk_bounds(rows, k)]
+            assert sum(sizes) == rows and 1 <= min(sizes) and max(sizes) <= at_edge, (edge_rows, k, rows, sizes)
+
+
+def test_a_site_with_batch_norms_two_passes_is_not_split_under_symbolic_sizes():
+    torch.manual_seed(0)
+    step = _dynamic_step(ConvBN(), lambda b: ((torch.randn(b, 3, 32, 32), torch.randint(0, 10, (b,))), {}),
+                         sizes=(10, 12))
+    symbols = symbols_of(step.joint)
+    high = {s: 16 for s in symbols}
+    concrete = concrete_joint(step.joint, high)
+    sites = find_sites(concrete, step.num_fwd_outputs)
+    assert sites  # split as a static step would be
+    sizes = SymbolicSizes(step.joint, {s: 13 for s in symbols}, high)
+    assert any("two-pass" in (sizes.refusal(site) or "") for site in sites)
+    assert all(site.splits[n].barrier is None for site in find_sites(concrete, step.num_fwd_outputs, sizes)
+               for n in site.splits)
+
+
+def test_lengths_below_the_unsplit_floor_train_with_a_split_plan_per_bucket():
+    """A 32k vocabulary at 0.6x the unsplit step's smallest peak (93.75 MiB at 128 tokens): every
+    bucket that needs it splits the LM head and loss; an optimizer's steps over lengths of three
+    buckets end with the weights eager PyTorch's steps give, and each measured peak is within the
+    budget and at most its bucket's prediction."""
+    budget = 56 * MiB
+    model, batch = _gpt2(vocab=32000, n_embd=32, batch=2, seq=128)
+    eager = copy.deepcopy(model)
+    planned = remat.optimize(model, **batch, budget=budget, cache=False)
+    assert planned.plan.info["split"]["chunks"] >= 2
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (planned, eager)]
+    lengths = random.Random(1).sample(range(40, 129), 6)
+    for i, length in enumerate(lengths):
+        ids = batch["input_ids"][:, :length]
+        loss, grads = _grads(planned, input_ids=ids, labels=ids)
+        eager_loss, eager_grads = _grads(eager, input_ids=ids, labels=ids)
+        torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=0)
+        _close(grads, eager_grads)
+        for optimizer in optimizers:
+            optimizer.step()
+        plan = planned.plan
+        assert plan.info["bucket"] and plan.peak_bytes <= budget
+        if length > 64:  # buckets 96 and 128: 130 tokens and more need the split
+            assert plan.info["split"]["chunks"] >= 2, (length, plan.info)
+        if i % 2 == 0:
+            measured = measure_step(lambda: planned(input_ids=ids, labels=ids).backward(),
+                                    setup=lambda: planned.zero_grad(set_to_none=True), warmup=0, repeats=1).peak_bytes
+            assert measured <= plan.peak_bytes + 2 * MiB, (length, measured, plan.peak_bytes)
+    for (name, a), b in zip(planned.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
