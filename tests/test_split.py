@@ -76,6 +76,26 @@ def test_every_rule_of_an_mlp_with_cross_entropy_matches_the_unsplit_step():
     _close(grads, eager)
 
 
+def test_a_loss_that_gathers_each_rows_target_splits_by_rows():
+    """``log_softmax(...).gather(-1, target)``: Inductor's decomposed ``nll_loss`` picks each row's
+    target so; the gather runs per chunk instead of reading the whole log-probabilities."""
+    class GatherLoss(RowsMLP):
+        def forward(self, x, target):
+            logits = self.down(F.gelu(self.up(self.norm(x))))
+            return -logits.log_softmax(-1).gather(-1, target.unsqueeze(-1)).mean()
+
+    torch.manual_seed(0)
+    model = GatherLoss()
+    x, target = torch.randn(4, 64, 32), torch.randint(0, 512, (4, 64))
+    eager_loss, eager = _grads(copy.deepcopy(model), x, target)
+    plan, cap = capture_and_plan(model, x, target, split=4, cache=False)
+    assert sum(n.target is torch.ops.aten.gather.default for n in cap.joint.graph.nodes) == 4
+    split = remat.optimize(copy.deepcopy(model), x, target, split=4, cache=False)
+    loss, grads = _grads(split, x, target)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=0)
+    _close(grads, eager)
+
+
 def test_gpt2s_lm_head_and_loss_split_like_eager_and_rows_bitwise_like_the_unsplit_step():
     model, batch = _gpt2(vocab=4000)
     eager_loss, eager = _grads(copy.deepcopy(model), **batch)

@@ -144,3 +144,39 @@ def test_lengths_below_the_unsplit_floor_train_with_a_split_plan_per_bucket():
             assert measured <= plan.peak_bytes + 2 * MiB, (length, measured, plan.peak_bytes)
     for (name, a), b in zip(planned.named_parameters(), eager.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+def test_plan_lengths_splits_the_buckets_no_plan_fits_as_captured():
+    model, batch = _gpt2(vocab=32000, n_embd=32, batch=2, seq=128)
+    budget = 56 * MiB
+    unsplit = remat.plan_lengths(model, **batch, lengths=(65, 128), budget=budget, split="off", cache=False)
+    split = remat.plan_lengths(model, **batch, lengths=(65, 128), budget=budget, cache=False)
+    assert [r.edge for r in unsplit] == [r.edge for r in split] == [96, 128]
+    for refused, row in zip(unsplit, split):
+        assert refused.plan is None and refused.error.min_budget_bytes > budget  # the LM head's floor
+        assert row.plan.peak_bytes <= budget and row.plan.info["split"]["chunks"] >= 2
+
+
+def test_remat_compile_splits_a_bucket_with_dynamic_shape_kernels():
+    """Under Inductor: the bucket 97..128 is planned once with the LM head split (its chunks' sizes
+    computed at run time), compiled with dynamic-shape kernels, and runs three lengths of the bucket
+    without compiling again; gradients as eager's to Inductor's tolerance, measured peaks within the
+    budget and at most the prediction."""
+    model, batch = _gpt2(vocab=32000, n_embd=32, batch=2, seq=128)
+    budget = 56 * MiB  # the fused step needs 66.8 MiB unsplit (62.5 with offloading)
+    eager = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled = remat.compile(copy.deepcopy(model), budget=budget, cache=False)
+    for length in (100, 113, 128):
+        ids = batch["input_ids"][:, :length].clone()
+        torch._dynamo.mark_dynamic(ids, 1)  # the sequence symbolic from the first call: no static compilation
+        loss, grads = _grads(compiled, input_ids=ids, labels=ids)
+        eager_loss, eager_grads = _grads(eager, input_ids=ids, labels=ids)
+        torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
+        _close(grads, eager_grads, rtol=1e-4, atol=1e-5)
+        measured = measure_step(lambda: compiled(input_ids=ids, labels=ids).backward(),
+                                setup=lambda: compiled.zero_grad(set_to_none=True), warmup=0, repeats=1).peak_bytes
+        plan = compiled.plan
+        assert plan.info["bucket"] and plan.info["split"]["chunks"] >= 2 and plan.peak_bytes <= budget
+        assert measured <= plan.peak_bytes + 2 * MiB, (length, measured, plan.peak_bytes)
+    assert len(compiled.plans) == 1  # one plan, one compilation for the three lengths

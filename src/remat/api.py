@@ -442,15 +442,17 @@ class LengthPlan:
 def plan_lengths(model, *example_args, lengths: tuple[int, int], dim: int = 1, budget=None, solver: str = "auto",
                  buckets=None, cost_model: Any = DEFAULT_COST_MODEL, workspace: str = "measure",
                  time_limit: float | None = None, solver_options: dict | None = None, cache: bool = True,
-                 **example_kwargs) -> list[LengthPlan]:
+                 split="auto", **example_kwargs) -> list[LengthPlan]:
     """What every length will cost, before it arrives: the plan of each size bucket from ``lengths[0]``
     to ``lengths[1]`` of dimension ``dim`` of the inputs (the sequence, for token inputs).
 
     The step is captured once with that dimension symbolic (``torch._dynamo.mark_dynamic`` on every
     input tensor whose ``dim`` has the example's length), then planned at each bucket's edge as
     :func:`optimize` does when that length arrives (``buckets``: edges, as the backend option; a
-    byte ``budget`` holds at every bucket, a fraction is of the largest bucket's changeable memory).
-    Nothing runs. Returns one :class:`LengthPlan` per bucket, smallest first."""
+    byte ``budget`` holds at every bucket, a fraction is of the largest bucket's changeable memory;
+    ``split`` as in :func:`optimize`: a bucket no plan fits as captured is split into row chunks
+    that follow the sizes at run time, :mod:`remat.capture.split_sizes`). Nothing runs. Returns one
+    :class:`LengthPlan` per bucket, smallest first."""
     from .capture.shapes import example_binding
 
     lo, hi = (int(x) for x in lengths)
@@ -473,7 +475,8 @@ def plan_lengths(model, *example_args, lengths: tuple[int, int], dim: int = 1, b
         raise PlanReady()
 
     options = dict(budget=budget, solver=solver, cost_model=cost_model, workspace=workspace, time_limit=time_limit,
-                   solver_options=solver_options or {}, cache=cache, buckets=buckets, on_step=stop)
+                   solver_options=solver_options or {}, cache=cache, buckets=buckets, on_step=stop,
+                   split=checked_split(split))
     _capture_until_planned(model, options, example_args, example_kwargs)
     if not steps:
         raise CaptureError(f"the step did not vary with dimension {dim} of its inputs: nothing to plan per length")

@@ -248,9 +248,17 @@ class _Grower:
 
 def _memory_order(v: torch.Tensor) -> list[int] | None:
     """The dims of ``v`` from outermost to innermost in memory, when ``v`` is a permutation of a
-    contiguous tensor (None otherwise)."""
+    contiguous tensor (None otherwise). Read off the sizes and strides: no op runs (``v`` may belong
+    to another fake mode than the one active)."""
     perm = sorted(range(v.dim()), key=lambda d: (-v.stride(d), d))
-    return perm if v.permute(perm).is_contiguous() else None
+    if 0 in v.shape:
+        return perm
+    expected = 1
+    for d in reversed(perm):
+        if v.shape[d] != 1 and v.stride(d) != expected:
+            return None
+        expected *= v.shape[d]
+    return perm
 
 
 def _rule(node: fx.Node):
@@ -374,7 +382,10 @@ class _Rewriter:
         self.slices: dict[tuple, fx.Node] = {}
         self.contexts: dict[fx.Node, object] = {}  # barrier -> what its combine hands its apply pass
         placeholders = list(joint.graph.find_nodes(op="placeholder"))
-        self.fake_mode = torch._guards.detect_fake_mode([val(n) for n in placeholders])
+        # the inputs' own mode: under a compiler's tracing context, detect_fake_mode would return the
+        # context's (symbolic) mode first, not the one a bucket's concrete copy was sized in
+        fakes = [v for v in map(val, placeholders) if isinstance(v, torch._subclasses.FakeTensor)]
+        self.fake_mode = fakes[0].fake_mode if fakes else torch._guards.detect_fake_mode()
         self.emit_size = None if sizes is None else SizeEmitter(sizes, self.graph, lambda i: self.env[placeholders[i]])
 
     # -- emitting ------------------------------------------------------------------------------

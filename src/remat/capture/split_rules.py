@@ -423,6 +423,16 @@ def _split(node, state_of):
     return Split((s,) * len(val(node)), args=lambda a, kw, n: ((a[0], a[1], dim - s.lead + 1), kw))
 
 
+def _gather(node, state_of):
+    """``gather(x, dim, index)`` along a dim after the rows, ``x`` and ``index`` split alike: row by
+    row (Inductor's decomposed ``nll_loss`` picks each row's target log-probability so)."""
+    s, index = state_of(node.args[0]), state_of(node.args[2])
+    dim = node.args[1] % val(node.args[0]).dim()
+    if not is_rows(s) or index != s or dim < s.lead or node.kwargs.get("sparse_grad"):
+        return None
+    return Split((s,), args=_with_arg(1, lambda n: dim - s.lead + 1))
+
+
 def _convolution_backward(node, state_of):
     """``convolution_backward``: the input's gradient by rows, the weight's and bias's summed."""
     split = _batch_wise(node, state_of)
@@ -472,6 +482,7 @@ RULES: dict[Any, Rule] = {
     aten.unsqueeze.default: _unsqueeze_squeeze,
     aten.cat.default: _cat,
     aten.split.Tensor: _split,
+    aten.gather.default: _gather,
     aten.split_with_sizes.default: _split,
     aten.squeeze.dim: _unsqueeze_squeeze,
     aten.view.default: _view,

@@ -91,6 +91,7 @@ from ..capture import capture_joint, joint_device
 from ..capture.split import (FASTER_SPLIT_GAIN, FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites,
                              split_info, split_joint)
 from ..capture.shapes import bucket_key, concrete_joint, guard_bucket, is_dynamic, name_bucket, refuse_unless_monotone
+from ..capture.split_sizes import SymbolicSizes
 from ..cost import INDUCTOR_COST_MODEL, make_cost_fn, make_workspace_fn
 from ..errors import CaptureError, InfeasibleBudgetError
 from ..execute import compiled_ops  # noqa: F401  (registers remat's operators before any compiled graph runs)
@@ -164,6 +165,16 @@ def _symbolic_again(joint: torch.fx.GraphModule, planned: torch.fx.GraphModule) 
             concrete.meta["val"] = symbolic.meta["val"]
 
 
+def _symbolic_split(joint: torch.fx.GraphModule, split: torch.fx.GraphModule) -> None:
+    """Give the nodes of ``split`` (a split of ``joint``'s copy made concrete at a bucket's edge, its
+    chunk sizes computed from the size inputs) symbolic values: fake tensors of ``joint``'s symbolic
+    inputs propagated through it, in ``joint``'s shape environment."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    inputs = [n.meta["val"] for n in joint.graph.find_nodes(op="placeholder")]
+    FakeTensorProp(split, torch._guards.detect_fake_mode(inputs)).propagate_dont_convert_inputs(*inputs)
+
+
 def with_transfer_costs(fused: Fused, transfer: dict) -> Fused:
     """``fused`` with the offload tier's costs in the meta of its graph and of the op-level graph
     (what the planners and the expansion of an offloading plan read)."""
@@ -203,7 +214,7 @@ class RematPartitioner(CustomPartitionerFn):
         install_one_call_per_kernel()
         opts = self.options
         device = joint_device(gm)
-        bucket = self._bucket(gm) if is_dynamic(gm) else None
+        low, bucket = self._bucket(gm) if is_dynamic(gm) else (None, None)
         key = None if bucket is None else bucket_key(bucket)
         if (key, self.bucket_budget_bytes) in self.refused:  # refused at this budget already (a fraction's
             raise self.refused[(key, self.bucket_budget_bytes)]  # bytes grow with the buckets: then it plans again)
@@ -212,25 +223,29 @@ class RematPartitioner(CustomPartitionerFn):
         # a graph with symbolic sizes is planned at its bucket's edge, and lowered with its symbolic sizes
         planned_gm = gm if bucket is None else concrete_joint(gm, bucket)
         costs = InductorCostModel(device) if opts.cost_model == "inductor" else None
-        split = opts.split if bucket is None and opts.plan is None else "off"  # a dynamic capture is not split
-        sites = find_sites(planned_gm, num_fwd_outputs) if isinstance(split, int) and split > 1 else []
-        chunks = split if sites else None
+        split = opts.split if opts.plan is None else "off"
+        # a bucket's copy splits with its chunks' sizes computed at run time (capture.split_sizes)
+        sizes = None if bucket is None else SymbolicSizes(gm, low, bucket)
+        sites = find_sites(planned_gm, num_fwd_outputs, sizes) if isinstance(split, int) and split > 1 else []
+        chunks = max((k for k in range(2, split + 1) if sizes is None or sizes.allows(sites, k)),
+                     default=None) if sites else None
         # a fraction is of the step as captured, unsplit (as in the eager backend), also for a split step
         forced_bytes = (self._unsplit_budget_bytes(planned_gm, num_fwd_outputs, device, costs)
                         if chunks and is_fraction(opts.budget) else None)
         try:
             capture, fused, plan = self._capture_and_plan(
-                split_joint(planned_gm, num_fwd_outputs, sites, chunks) if chunks else planned_gm,
+                split_joint(planned_gm, num_fwd_outputs, sites, chunks, sizes) if chunks else planned_gm,
                 num_fwd_outputs, device, costs, bucket, key, split_step=bool(chunks), budget_bytes=forced_bytes)
         except InfeasibleBudgetError as refused:
-            sites = find_sites(planned_gm, num_fwd_outputs) if split == "auto" and opts.solver == "auto" else []
-            if not sites:
+            sites = find_sites(planned_gm, num_fwd_outputs, sizes) if split == "auto" and opts.solver == "auto" else []
+            factors = [k for k in SPLIT_FACTORS if sizes is None or sizes.allows(sites, k)]
+            if not sites or not factors:
                 raise
             unsplit_bytes = self.last_budget_bytes if is_fraction(opts.budget) else None  # resolved on the unsplit step
             # below the step's floor as captured: its largest ops split into 2, 4, ... chunks, the fewest that plan
-            for chunks in SPLIT_FACTORS:  # the fewest chunks whose quick plans fit, planned in full
+            for chunks in factors:  # the fewest chunks whose quick plans fit, planned in full
                 planned = self._quick_split_plan(planned_gm, num_fwd_outputs, device, costs, sites, chunks,
-                                                 unsplit_bytes, bucket, key)
+                                                 unsplit_bytes, bucket, key, sizes)
                 if planned is not None:
                     capture, fused, plan = planned
                     break
@@ -245,7 +260,10 @@ class RematPartitioner(CustomPartitionerFn):
             plan.info["split"] = split_info(chunks, sites)
         if bucket is not None:
             plan.info["bucket"] = dict(key)
-            _symbolic_again(gm, planned_gm)
+            if chunks:
+                _symbolic_split(gm, capture.joint)
+            else:
+                _symbolic_again(gm, planned_gm)
         self.last_plan = plan
         if opts.on_plan is not None:
             opts.on_plan(plan, capture)
@@ -265,12 +283,12 @@ class RematPartitioner(CustomPartitionerFn):
         return resolve(fused.graph, self.options.budget, self.options.solver)
 
     def _quick_split_plan(self, planned_gm, num_fwd_outputs, device, costs, sites, chunks, budget_bytes,
-                          bucket=None, key=None):
+                          bucket=None, key=None, sizes=None):
         """(capture, fused, plan) of the step with ``sites`` split into ``chunks``, where a quick plan fits
         (``budget_bytes``: the unsplit step's, None: the options' budget resolved on the split step); None
-        where none fits or the plan is infeasible."""
+        where none fits or the plan is infeasible. ``sizes``: the bucket's (:mod:`remat.capture.split_sizes`)."""
         try:
-            return self._capture_and_plan(split_joint(planned_gm, num_fwd_outputs, sites, chunks), num_fwd_outputs,
+            return self._capture_and_plan(split_joint(planned_gm, num_fwd_outputs, sites, chunks, sizes), num_fwd_outputs,
                                           device, costs, bucket, key, split_step=True, quick_only=True,
                                           budget_bytes=budget_bytes)
         except InfeasibleBudgetError:
@@ -359,9 +377,10 @@ class RematPartitioner(CustomPartitionerFn):
             budget_bytes = resolve(fused.graph, budget, self.options.solver)
         return quick_minimum(fused.graph) <= budget_bytes - self.margin_bytes
 
-    def _bucket(self, gm) -> dict:
-        """``{symbol: edge}`` of the bucket of a joint graph with symbolic sizes, guarded so that
-        only sizes in it run the graphs compiled from this one (:func:`remat.capture.shapes.guard_bucket`)."""
+    def _bucket(self, gm) -> tuple[dict, dict]:
+        """``({symbol: smallest}, {symbol: edge})``: the bucket of a joint graph with symbolic sizes,
+        guarded so that only sizes in it run the graphs compiled from this one
+        (:func:`remat.capture.shapes.guard_bucket`)."""
         opts = self.options
         if opts.solver in OFFLOADING_SOLVERS:
             raise CaptureError(
@@ -371,7 +390,7 @@ class RematPartitioner(CustomPartitionerFn):
         edges = tuple(sorted(opts.buckets)) if opts.buckets else None
         low, high = guard_bucket(gm, edges)
         refuse_unless_monotone(gm, low, high)
-        return high
+        return low, high
 
     def _plan(self, fused, reuse_rounds: int = SLACK_ROUNDS, bucket: dict | None = None, solver: str | None = None,
               budget_bytes: int | None = None):

@@ -214,7 +214,7 @@ def cmd_plan_lengths(args, ui: _Ui, example) -> int:
         raise CliError(str(err), EXIT_USAGE) from None
     with ui.phase(f"captured once, planned each length bucket of {lengths[0]}..{lengths[1]}"):
         rows, budget = plan_each_length(example, lengths, budget=args.budget, solver=args.solver,
-                                        cost_model=args.cost_model, time_limit=args.time_limit)
+                                        cost_model=args.cost_model, time_limit=args.time_limit, split=args.split)
     ui.out.print(lengths_table(f"{example.name}: predicted peak per length", rows, budget))
     if args.output:
         plot_lengths(rows, budget, args.output, f"{example.name}: predicted peak against length")

@@ -28,7 +28,7 @@ def parse_lengths(text: str) -> tuple[int, int]:
 
 def lengths_table(title: str, rows: list[LengthPlan], budget_bytes: int | None) -> Table:
     table = Table(title=title, title_justify="left")
-    for name in ("lengths", "solver", "predicted peak", "overhead", "recomputed", "offloaded"):
+    for name in ("lengths", "solver", "predicted peak", "overhead", "recomputed", "offloaded", "split"):
         table.add_column(name, justify="left" if name == "solver" else "right")
     low = 1
     for row in rows:
@@ -37,11 +37,12 @@ def lengths_table(title: str, rows: list[LengthPlan], budget_bytes: int | None) 
         if row.plan is None:
             least = getattr(row.error, "min_budget_bytes", None)
             why = f"needs {format_bytes(least)}" if isinstance(row.error, InfeasibleBudgetError) else str(row.error)
-            table.add_row(span, "[red]infeasible[/]", why, "", "", "")
+            table.add_row(span, "[red]infeasible[/]", why, "", "", "", "")
             continue
         p = row.plan
+        chunks = p.info.get("split", {}).get("chunks")
         table.add_row(span, p.solver, format_bytes(p.peak_bytes), f"{p.overhead:+.1%}", str(p.recomputations),
-                      str(len(p.offloaded_values)))
+                      str(len(p.offloaded_values)), f"{chunks} chunks" if chunks else "-")
     if budget_bytes is not None:
         table.caption = f"budget {format_bytes(budget_bytes)} at every length; a bucket's plan is made at its largest length"
     return table
@@ -74,10 +75,10 @@ def plot_lengths(rows: list[LengthPlan], budget_bytes: int | None, path: str, ti
 
 
 def plan_each_length(example, lengths: tuple[int, int], *, budget, solver: str, cost_model: str,
-                     time_limit: float | None) -> tuple[list[LengthPlan], int | None]:
+                     time_limit: float | None, split="auto") -> tuple[list[LengthPlan], int | None]:
     """The rows of :func:`remat.plan_lengths` for a loaded example, and the budget in bytes they used."""
     rows = plan_lengths(example.model, *example.args, lengths=lengths, budget=budget, solver=solver,
-                        cost_model=cost_model, time_limit=time_limit, **example.kwargs)
+                        cost_model=cost_model, time_limit=time_limit, split=split, **example.kwargs)
     budgets = [r.plan.budget_bytes for r in rows if r.plan is not None and r.plan.budget_bytes is not None]
     return rows, (max(budgets) if budgets else None)
 
