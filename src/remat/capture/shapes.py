@@ -31,7 +31,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from ..errors import CaptureError
 
 
-def _expr(x):
+def size_expr(x):
     """The sympy expression of a SymInt/SymFloat/SymBool (a plain number as is)."""
     if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return x.node.expr
@@ -56,7 +56,7 @@ def symbols_of(joint: fx.GraphModule) -> list[sympy.Symbol]:
     for n in joint.graph.find_nodes(op="placeholder"):
         for x in _sym_vals(n.meta.get("val")):
             if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-                found |= _expr(x).free_symbols
+                found |= size_expr(x).free_symbols
     return sorted(found, key=str)
 
 
@@ -72,7 +72,7 @@ def example_binding(joint: fx.GraphModule) -> dict:
             if isinstance(x, torch.SymInt):
                 shape_env = x.node.shape_env
                 hints = getattr(shape_env, "backed_var_to_val", None) or shape_env.var_to_val
-                for symbol in _expr(x).free_symbols:
+                for symbol in size_expr(x).free_symbols:
                     hint = hints.get(symbol)
                     if hint is not None:
                         binding[symbol] = int(hint)
@@ -85,14 +85,14 @@ def symbol_sources(joint: fx.GraphModule) -> list[tuple[int, int | None, sympy.S
     sources, seen = [], set()
     for i, n in enumerate(joint.graph.find_nodes(op="placeholder")):
         val = n.meta.get("val")
-        if isinstance(val, torch.SymInt) and isinstance(_expr(val), sympy.Symbol) and _expr(val) not in seen:
-            seen.add(_expr(val))
-            sources.append((i, None, _expr(val)))
+        if isinstance(val, torch.SymInt) and isinstance(size_expr(val), sympy.Symbol) and size_expr(val) not in seen:
+            seen.add(size_expr(val))
+            sources.append((i, None, size_expr(val)))
         elif isinstance(val, torch.Tensor):
             for d, size in enumerate(val.shape):
-                if isinstance(size, torch.SymInt) and isinstance(_expr(size), sympy.Symbol) and _expr(size) not in seen:
-                    seen.add(_expr(size))
-                    sources.append((i, d, _expr(size)))
+                if isinstance(size, torch.SymInt) and isinstance(size_expr(size), sympy.Symbol) and size_expr(size) not in seen:
+                    seen.add(size_expr(size))
+                    sources.append((i, d, size_expr(size)))
     return sources
 
 
@@ -108,7 +108,7 @@ def evaluate(x, binding: dict):
     """``x`` (a SymInt, SymFloat, SymBool or number) at ``binding``: a plain int/float/bool."""
     if not isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return x
-    value = sympy.sympify(_expr(x).xreplace({s: sympy.Integer(v) for s, v in binding.items()}))
+    value = sympy.sympify(size_expr(x).xreplace({s: sympy.Integer(v) for s, v in binding.items()}))
     if value.free_symbols:
         raise CaptureError(
             f"remat cannot size {x} from the inputs: it depends on {sorted(map(str, value.free_symbols))}, which "
@@ -205,7 +205,7 @@ class _Evaluator:
     def __call__(self, x):
         if not isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return x
-        key = (type(x), _expr(x))
+        key = (type(x), size_expr(x))
         value = self.known.get(key)
         if value is None:
             value = self.known[key] = evaluate(x, self.binding)
@@ -295,8 +295,8 @@ def _symbol_ints(joint: fx.GraphModule) -> dict:
     found: dict = {}
     for n in joint.graph.find_nodes(op="placeholder"):
         for x in _sym_vals(n.meta.get("val")):
-            if isinstance(x, torch.SymInt) and isinstance(_expr(x), sympy.Symbol):
-                found.setdefault(_expr(x), x)
+            if isinstance(x, torch.SymInt) and isinstance(size_expr(x), sympy.Symbol):
+                found.setdefault(size_expr(x), x)
     return found
 
 
@@ -347,6 +347,6 @@ def check_monotone(joint: fx.GraphModule, low: dict, high: dict) -> list[str]:
     return bad
 
 
-__all__ = ["symbols_of", "example_binding", "symbol_sources", "is_dynamic", "bind_symbols", "evaluate", "default_edges", "bucket_edge", "bucket_of",
+__all__ = ["size_expr", "symbols_of", "example_binding", "symbol_sources", "is_dynamic", "bind_symbols", "evaluate", "default_edges", "bucket_edge", "bucket_of",
            "lower_end", "concrete_joint", "check_monotone", "guard_bucket", "bucket_key", "refuse_unless_monotone",
            "name_bucket"]

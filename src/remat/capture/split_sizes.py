@@ -30,7 +30,7 @@ import torch
 import torch.fx as fx
 from torch.utils._sympy.functions import FloorDiv
 
-from .shapes import _expr, symbol_sources
+from .shapes import size_expr, symbol_sources
 
 aten = torch.ops.aten
 
@@ -75,7 +75,7 @@ class SymbolicSizes:
         for n in self.symbolic.graph.nodes:
             v = n.meta.get("val")
             if isinstance(v, torch.Tensor):
-                self._shapes[n.name] = tuple(_expr(s) for s in v.shape)
+                self._shapes[n.name] = tuple(size_expr(s) for s in v.shape)
         self.sources = symbol_sources(self.symbolic)
 
     def shape(self, node: fx.Node) -> tuple:
