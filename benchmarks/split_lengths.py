@@ -16,7 +16,8 @@ log-softmax and its gradient are each 250 MiB there). The same lengths, weights 
     whose bounds follow the length at run time (``remat.capture.split_sizes``);
 (c) eager PyTorch;
 (d) ``remat.compile`` (Inductor), ``split="auto"``: the first length compiled for itself, then a
-    compilation per size bucket with dynamic-shape kernels, split the same way.
+    compilation per size bucket with dynamic-shape kernels, split the same way (``fallback_random``:
+    dropout drawn as eager draws it, for the gradient check).
 
 Reported: steps trained and refused, total seconds (optimizer included; every capture, plan and
 compilation counted), planning seconds, the largest measured peak (torch's CPU allocator, forward +
@@ -132,7 +133,8 @@ def remat_run(name: str, lens, budget: int, split, check_every: int, inductor: b
     t0 = time.perf_counter()
     with common.quiet():
         if inductor:
-            m = remat.compile(model, budget=budget, split=split, cache=False)
+            # dropout drawn as eager draws it, so that gradients compare with an eager copy's
+            m = remat.compile(model, budget=budget, split=split, cache=False, options={"fallback_random": True})
         else:
             m = remat.optimize(model, **batch(0, lens[0]), budget=budget, split=split, cache=False)
     first = time.perf_counter() - t0

@@ -162,7 +162,7 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
         return chunked(k), planned
 
     if fitting is not None:
-        return _faster_of(captured, fitting, chunked, sites, fitting.budget_bytes, plan, factors)
+        return _faster_of((captured, fitting), chunked, sites, fitting.budget_bytes, plan, factors, "unsplit")
     if isinstance(split, int):  # a fraction of the unsplit step's peak
         return with_chunks(split, resolve(captured.graph, budget) if is_fraction(budget) else budget)
     if is_min(budget):  # the factor from the quick planners (seconds), then one full search
@@ -180,10 +180,14 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     least = refused.min_budget_bytes
     # first the fewest chunks a quick plan fits (seconds); only if none does, a full search per
     # factor whose lower bound the budget reaches
-    for k in factors:
+    for i, k in enumerate(factors):
         least = min(least, quick_minimum(chunked(k).graph))
         if least <= refused.budget_bytes:
-            return with_chunks(k, refused.budget_bytes)
+            fewest = with_chunks(k, refused.budget_bytes)
+            if fewest[1].step_overhead <= FASTER_SPLIT_OVERHEAD or opts.solver != "auto":
+                return fewest
+            # more chunks leave more memory for what the plan recomputes: taken where predicted faster
+            return _faster_of(fewest, chunked, sites, refused.budget_bytes, plan, factors[i + 1:], f"{k} chunks'")
     for k in factors:
         if refused.budget_bytes < peak_lower_bound(chunked(k).graph):
             continue
@@ -198,11 +202,13 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
         min_budget_fraction=bytes_to_fraction(least, store, fixed)) from None
 
 
-def _faster_of(captured, unsplit, chunked, sites, budget_bytes: int, plan, factors):
-    """``(capture, plan)``: the unsplit step's fitting ``unsplit`` plan, or a split step's plan by
-    ``SPLIT_FIRST_SOLVER`` within ``budget_bytes`` whose predicted step (compute and stalls) is at least
-    ``FASTER_SPLIT_GAIN`` faster; chunk counts from 2 up while each is faster than the one before."""
-    best = (captured, unsplit)
+def _faster_of(baseline, chunked, sites, budget_bytes: int, plan, factors, label: str):
+    """``(capture, plan)``: ``baseline`` (a fitting plan of the step unsplit, or split into fewer
+    chunks; ``label`` names it), or a split step's plan by ``SPLIT_FIRST_SOLVER`` within
+    ``budget_bytes`` whose predicted step (compute and stalls) is at least ``FASTER_SPLIT_GAIN``
+    faster; chunk counts of ``factors`` in turn while each is faster than the one before and the
+    last one's overhead is above ``FASTER_SPLIT_OVERHEAD``."""
+    best = baseline
     for k in factors:
         graph = chunked(k).graph
         if quick_minimum(graph) > budget_bytes:
@@ -215,9 +221,11 @@ def _faster_of(captured, unsplit, chunked, sites, budget_bytes: int, plan, facto
             break
         candidate.info["split"] = split_info(k, sites)
         candidate.info["chosen by"] = (
-            f"auto: split into {k} chunks, predicted {candidate.step_overhead:+.1%} against the unsplit "
-            f"plan's {unsplit.step_overhead:+.1%} (its own store-all compute each)")
+            f"auto: split into {k} chunks, predicted {candidate.step_overhead:+.1%} against the {label} "
+            f"plan's {baseline[1].step_overhead:+.1%} (its own store-all compute each)")
         best = (chunked(k), candidate)
+        if candidate.step_overhead <= FASTER_SPLIT_OVERHEAD:
+            break  # little recomputation left for more chunks to save
     return best
 
 

@@ -69,7 +69,7 @@ class SymbolicSizes:
     low: dict
     high: dict
     _shapes: dict = field(default_factory=dict, repr=False)
-    _units: dict = field(default_factory=dict, repr=False)  # id(site) -> its unit count
+    _units: dict = field(default_factory=dict, repr=False)  # (seed name, rows) -> the site's unit count
 
     def __post_init__(self):
         for n in self.symbolic.graph.nodes:
@@ -88,7 +88,8 @@ class SymbolicSizes:
     def units(self, site) -> sympy.Expr | None:
         """The site's unit count ``N`` as an expression: the rows of a value holding one row per unit
         (the seed's first), else the seed's rows over its ``per`` (None where that is not whole)."""
-        found = self._units.get(id(site), False)
+        key = (site.seed.name, site.rows)
+        found = self._units.get(key, False)
         if found is not False:
             return found
         one_per_unit = [n for n, s in site.states.items() if s.kind == "rows" and s.per == 1 and n.name in self._shapes]
@@ -100,7 +101,7 @@ class SymbolicSizes:
             rows = sympy.expand(sympy.Mul(*self.shape(site.seed)[: state.lead]) / state.per)
         if not _whole_polynomial(rows) or self.at(rows, self.high) != site.rows:
             rows = None
-        self._units[id(site)] = rows
+        self._units[key] = rows
         return rows
 
     def per(self, node: fx.Node, state, site) -> sympy.Expr | None:
