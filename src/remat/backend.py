@@ -108,7 +108,9 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     ``FASTER_SPLIT_GAIN`` below the unsplit plan's (smaller chunks need less recomputation). Where no plan
     fits as captured, the split sites with 2, 4, 8, ... chunks: the
     fewest chunks whose quick plans fit (seconds; fewer chunks, fewer extra launches), planned by
-    ``SPLIT_FIRST_SOLVER`` (else ``auto``); if no quick plan fits, each factor in full. With ``budget="min"``, more chunks while each
+    ``SPLIT_FIRST_SOLVER`` (else ``auto``), then more chunks weighed for speed as above where that
+    plan's overhead is above ``FASTER_SPLIT_OVERHEAD``; if no quick plan fits, each factor in full.
+    With ``budget="min"``, more chunks while each
     lowers the quick planners' smallest peak by ``MIN_GAIN``, then the smallest plan of that factor
     in full (kept when it beats the unsplit step's by ``MIN_GAIN``). An int: that many chunks, whatever the solver. A
     fraction is of the unsplit step's store-all peak, and :class:`InfeasibleBudgetError` names the
