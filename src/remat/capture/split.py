@@ -32,6 +32,7 @@ import math
 import operator
 from dataclasses import dataclass, field
 
+import sympy
 import torch
 import torch.fx as fx
 
@@ -432,6 +433,16 @@ class _Rewriter:
                                                               self._rows(site, arg, state, end)))
         return self.slices[key]
 
+    def _barrier_count(self, site: Site, node: fx.Node, start, end) -> Size:
+        """Elements per channel of a barrier's ``[rows, C, *spatial]`` chunk of units ``[start, end)``,
+        under symbolic sizes: its first split input's rows in the chunk times its spatial sizes."""
+        for arg in node.all_input_nodes:
+            state = site.states.get(arg) or site.reads.get((node, arg))
+            if state is not None and state.split:
+                spatial = Size(sympy.Mul(*self.sizes.shape(arg)[2:]))
+                return (self._rows(site, arg, state, end) - self._rows(site, arg, state, start)) * spatial
+        raise AssertionError(f"{node.name}: a barrier with no input split by rows")
+
     def _emit(self, target, *args, **kwargs) -> fx.Node:
         return self._call(target, args, kwargs)
 
@@ -451,7 +462,8 @@ class _Rewriter:
                 args, kwargs = fx.node.map_arg((node.args, node.kwargs),
                                                lambda a: self._input_chunk(site, a, node, c, bounds))
                 if part == "reduce":
-                    partials.setdefault(node, []).append(split.barrier.reduce(self._emit, args))
+                    count = None if self.sizes is None else self._barrier_count(site, node, start, end)
+                    partials.setdefault(node, []).append(split.barrier.reduce(self._emit, args, count))
                     continue
                 if part == "apply":
                     outs = split.barrier.apply(self._emit, args, self.contexts[node])

@@ -25,6 +25,10 @@ sums), summed; then each chunk's input gradient
 
 Values agree with the unsplit kernels to rounding (1e-6 relative in fp32), not bitwise: the
 statistics are summed in another order.
+
+Under symbolic sizes (:mod:`remat.capture.split_sizes`) the counts are sizes computed at run time:
+the rewriter hands each chunk's count to ``reduce`` as a :class:`~remat.capture.split_sizes.Size`,
+and every ratio of counts is emitted as arithmetic on them.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from operator import getitem as _getitem
+from operator import truediv
 from typing import Any, Callable
 
 import torch
@@ -47,7 +52,8 @@ Emit = Callable[..., Any]  # emit(target, *args, **kwargs) -> a new node with it
 
 @dataclass(frozen=True)
 class Barrier:
-    """How a two-pass op runs: ``reduce(emit, args)`` gives a chunk's partial results;
+    """How a two-pass op runs: ``reduce(emit, args, count)`` gives a chunk's partial results (``count``:
+    the chunk's elements per channel where they vary with the sizes, else None);
     ``combine(emit, partials, args)`` the whole results ``{output index: node}`` and a context;
     ``apply(emit, args, context)`` a chunk's row outputs ``{output index: node}``. ``args`` are the
     op's arguments with split tensors replaced by the chunk's (whole ones in ``combine``)."""
@@ -68,13 +74,20 @@ def _count(x) -> int:
     return int(shape[0]) * math.prod(int(s) for s in shape[2:])
 
 
+def _ratio(emit: Emit, a, b):
+    """``a / b`` of two counts: a number, or emitted where either varies with the sizes."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a / b
+    return emit(truediv, a, b)
+
+
 # -- forward ------------------------------------------------------------------------------------
 
-def _bn_reduce(emit: Emit, args):
+def _bn_reduce(emit: Emit, args, count=None):
     x = args[0]
     dims = [0, *range(2, val(x).dim())]
     stats = emit(aten.var_mean.correction, x, dims, correction=0)
-    return emit(_getitem, stats, 0), emit(_getitem, stats, 1), _count(x)
+    return emit(_getitem, stats, 0), emit(_getitem, stats, 1), _count(x) if count is None else count
 
 
 def _bn_combine(emit: Emit, partials, args):
@@ -82,17 +95,19 @@ def _bn_combine(emit: Emit, partials, args):
     n = sum(count for _, _, count in partials)
     mean = None
     for _var, part_mean, count in partials:
-        term = emit(aten.mul.Tensor, part_mean, count / n)
+        term = emit(aten.mul.Tensor, part_mean, _ratio(emit, count, n))
         mean = term if mean is None else emit(aten.add.Tensor, mean, term)
     var = None
     for part_var, part_mean, count in partials:
         centred = emit(aten.sub.Tensor, part_mean, mean)
-        term = emit(aten.mul.Tensor, emit(aten.add.Tensor, part_var, emit(aten.mul.Tensor, centred, centred)), count / n)
+        term = emit(aten.mul.Tensor, emit(aten.add.Tensor, part_var, emit(aten.mul.Tensor, centred, centred)),
+                    _ratio(emit, count, n))
         var = term if var is None else emit(aten.add.Tensor, var, term)
     invstd = emit(aten.rsqrt.default, emit(aten.add.Tensor, var, eps))
     new_mean = emit(aten.add.Tensor, emit(aten.mul.Tensor, running_mean, 1 - momentum),
                     emit(aten.mul.Tensor, mean, momentum))
-    unbiased = emit(aten.mul.Tensor, var, n / max(n - 1, 1))
+    # (a bucket's smallest size has at least 2 rows under symbolic sizes: n - 1 >= 1 there)
+    unbiased = emit(aten.mul.Tensor, var, n / max(n - 1, 1) if isinstance(n, int) else _ratio(emit, n, n - 1))
     new_var = emit(aten.add.Tensor, emit(aten.mul.Tensor, running_var, 1 - momentum),
                    emit(aten.mul.Tensor, unbiased, momentum))
     return {1: mean, 2: invstd, 3: new_mean, 4: new_var}, (mean, var)
@@ -107,11 +122,11 @@ def _bn_apply(emit: Emit, args, context):
 
 # -- backward -----------------------------------------------------------------------------------
 
-def _bn_backward_reduce(emit: Emit, args):
+def _bn_backward_reduce(emit: Emit, args, count=None):
     grad, x, weight, running_mean, running_var, mean, invstd, _train, eps, _mask = args[:10]
     parts = emit(aten.native_batch_norm_backward.default, grad, x, weight, running_mean, running_var, mean,
                  invstd, True, eps, [False, True, True])
-    return emit(_getitem, parts, 1), emit(_getitem, parts, 2), _count(x)
+    return emit(_getitem, parts, 1), emit(_getitem, parts, 2), _count(x) if count is None else count
 
 
 def _bn_backward_combine(emit: Emit, partials, args):

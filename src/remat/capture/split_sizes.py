@@ -13,8 +13,9 @@ expressions (``per = T`` for a ``[B * T, D]`` value of a site over ``B`` sequenc
 attention scores after their ``B * H`` rows), and a chunk of ``n`` units is shaped ``[n * per,
 *rest]`` with both evaluated at run time (views and expands inside the site are called with that
 shape). A site does not split under symbolic sizes where ``per`` is not a whole polynomial in the
-symbols (rows that are not a whole number of units at every size) or where it holds BatchNorm's
-two-pass barrier (its statistics' counts would vary). The plan is made at the edge, where every chunk has
+symbols (rows that are not a whole number of units at every size). BatchNorm's two passes count
+each chunk's elements per channel the same way (:mod:`remat.capture.split_barriers`). The plan is
+made at the edge, where every chunk has
 ``N_edge / k`` units; ``k`` must divide ``N_edge`` and be at most the bucket's smallest ``N``, so that
 no chunk at a smaller size is larger than at the edge (``ceil(N / k) <= N_edge / k``) and none is
 empty: the edge's plan then holds for the whole bucket, as it does unsplit.
@@ -118,8 +119,6 @@ class SymbolicSizes:
 
     def refusal(self, site) -> str | None:
         """Why ``site`` cannot split under symbolic sizes (None: it can; see the module docstring)."""
-        if any(split.barrier is not None for split in site.splits.values()):
-            return "a two-pass op (its statistics' counts vary with the sizes)"
         units = self.units(site)
         if units is None:
             return "its rows are not a whole number of units at every size"
