@@ -117,9 +117,10 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     smallest budget over every split tried.
 
     ``sizes``: ``joint`` is a bucket's concrete copy of a step captured with symbolic sizes
-    (:mod:`remat.capture.split_sizes`): only sites whose rows alone vary split, into the chunk
-    counts that hold at every size of the bucket (an int ``split``: the most chunks up to it that
-    do), and a step that fits is not split for speed (each bucket would pay the split plans' search)."""
+    (:mod:`remat.capture.split_sizes`): only sites that split at every size of the bucket, into the
+    chunk counts that hold at every size (an int ``split``: the most chunks up to it that do,
+    recorded as ``info["split"]["asked"]`` where fewer), and a step that fits is not split for speed
+    (each bucket would pay the split plans' search)."""
     split = opts.split
     if opts.plan is not None or split in ("off", 1) or (split == "auto" and opts.solver != "auto"):
         return captured, plan(captured.graph, opts.budget)
@@ -135,9 +136,10 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
                 return captured, fitting
     sites = find_sites(joint, num_fwd_outputs, sizes)
     factors = [k for k in SPLIT_FACTORS if sizes is None or sizes.allows(sites, k)]
+    asked = split
     if isinstance(split, int) and sizes is not None:
         split = max((k for k in range(2, split + 1) if sizes.allows(sites, k)), default=1)
-    if not sites or not factors or split == 1:
+    if not sites or split == 1 or (not isinstance(split, int) and not factors):
         if fitting is not None:
             return captured, fitting
         if isinstance(split, int) or is_min(budget):
@@ -161,6 +163,8 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
                 pass
         planned = planned or plan(chunked(k).graph, budget)
         planned.info["split"] = split_info(k, sites)
+        if isinstance(asked, int) and asked != k:  # the most chunks up to the asked that hold at every size
+            planned.info["split"]["asked"] = asked
         return chunked(k), planned
 
     if fitting is not None:
@@ -186,7 +190,7 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
         least = min(least, quick_minimum(chunked(k).graph))
         if least <= refused.budget_bytes:
             fewest = with_chunks(k, refused.budget_bytes)
-            if fewest[1].step_overhead <= FASTER_SPLIT_OVERHEAD or opts.solver != "auto":
+            if fewest[1].step_overhead <= FASTER_SPLIT_OVERHEAD:
                 return fewest
             # more chunks leave more memory for what the plan recomputes: taken where predicted faster
             return _faster_of(fewest, chunked, sites, refused.budget_bytes, plan, factors[i + 1:], f"{k} chunks'")
@@ -244,8 +248,8 @@ def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions, 
     state: dict = {"bytes": 0, "plans": [], "no_workspace": frozenset()}
 
     def plan_bucket(concrete, key, full=False, low=None, high=None):
-        def capture_here(graph, n):
-            return capture(graph, n, state["no_workspace"])
+        def capture_here(graph, n):  # ops without scratch memory are known by name in the unsplit graph only
+            return capture(graph, n, state["no_workspace"] if graph is concrete else frozenset())
 
         captured = capture_here(concrete, num_fwd_outputs)
         if not state["plans"]:  # the ops without scratch memory here are not probed at other sizes

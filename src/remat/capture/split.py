@@ -20,9 +20,10 @@ up chunk by chunk (a weight's gradient: ``addmm`` into the running total); ``mea
 summed losses by the summed weights.
 
 A joint graph captured with symbolic sizes is split on its copy made concrete at a bucket's edge,
-given its :class:`~remat.capture.split_sizes.SymbolicSizes`: its sites are only those whose rows
-alone vary, and every size the rewrite computes from the rows (chunk bounds, view shapes, a mean's
-count) is emitted as arithmetic on the size inputs, so the split graph runs every size of the bucket.
+given its :class:`~remat.capture.split_sizes.SymbolicSizes`: its sites are only those whose values
+hold a whole number of rows per unit at every size, and every size the rewrite computes from the
+sizes (chunk bounds, view shapes, a mean's or BatchNorm's count) is emitted as arithmetic on the
+size inputs, so the split graph runs every size of the bucket.
 """
 
 from __future__ import annotations
@@ -339,14 +340,13 @@ def find_sites(joint: fx.GraphModule, num_fwd_outputs: int, sizes: SymbolicSizes
             continue
         rows_here = math.prod(int(x) for x in val(seed).shape[:-1])
         grown = [_Grower(seed, count, forward, taken).grow() for count in counts if rows_here % count == 0]
-        grown = [site for site in grown if site is not None]
+        # under symbolic sizes a candidate that cannot split at every size gives way to the next best
+        grown = [site for site in grown if site is not None and (sizes is None or sizes.refusal(site) is None)]
         if grown:
             best = max(grown, key=lambda site: (site.gain, site.rows))
             sites.append(best)
             taken.update(best.states)
             taken.update(best.splits)  # multi-output ops too: their values are their getitems
-    if sizes is not None:
-        sites = [site for site in sites if sizes.refusal(site) is None]
     return sites
 
 
@@ -422,7 +422,7 @@ class _Rewriter:
         state = site.reads[(consumer, arg)]
         if not state.split:
             return self.env[arg]
-        key = (arg, site.rows, state, c)
+        key = (arg, site.rows if self.sizes is None else self.sizes.units(site), state, c)
         if key not in self.slices:
             base = self.env[arg]
             if state.lead > 1:

@@ -126,14 +126,34 @@ class SymbolicSizes:
             return "the bucket's smallest size has a single row"
         values = [(n, s) for n, s in site.states.items() if s.split and isinstance(n.meta.get("val"), torch.Tensor)]
         values += [(n, s) for (_, n), s in site.reads.items() if s.split]
+        emittable = {source[2] for source in self.sources}
+        if not _emittable(units, emittable):
+            return f"its unit count {units} cannot be computed from the inputs' sizes"
         for node, state in values:
-            if self.per(node, state, site) is None:
+            per = self.per(node, state, site)
+            if per is None:
                 return f"{node.name}'s rows are not a whole number per unit at every size"
+            if not all(_emittable(e, emittable) for e in (per, *self.shape(node))):
+                return f"{node.name}'s sizes {self.shape(node)} cannot be computed from the inputs' sizes"
         return None
 
     def allows(self, sites: list, k: int) -> bool:
         """Whether ``k`` chunks keep every chunk at run time within its size at the edge and non-empty."""
         return all(site.rows % k == 0 and self.at(self.units(site), self.low) >= k for site in sites)
+
+
+def _emittable(expr, symbols: set) -> bool:
+    """Whether :class:`SizeEmitter` can compute ``expr`` at run time: sums, products, positive integer
+    powers and floor divisions of integers and symbols that an input's size gives."""
+    if expr.is_Integer:
+        return True
+    if isinstance(expr, sympy.Symbol):
+        return expr in symbols
+    if isinstance(expr, sympy.Pow):
+        return expr.exp.is_Integer and expr.exp > 0 and _emittable(expr.base, symbols)
+    if isinstance(expr, (sympy.Add, sympy.Mul, FloorDiv)):
+        return all(_emittable(arg, symbols) for arg in expr.args)
+    return False
 
 
 def _whole_polynomial(expr) -> bool:
@@ -181,7 +201,10 @@ class SizeEmitter:
 
     def _emit(self, expr):
         if isinstance(expr, sympy.Symbol):
-            index, dim, _ = next(source for source in self.sizes.sources if source[2] == expr)
+            found = next((source for source in self.sizes.sources if source[2] == expr), None)
+            if found is None:  # refusal() turns such sites down first
+                raise NotImplementedError(f"remat cannot read the size {expr} off any input")
+            index, dim, _ = found
             if dim is None:
                 return self.input_node(index)
             return self._node(aten.sym_size.int, (self.input_node(index), dim), expr)
