@@ -282,6 +282,21 @@ def gpt2(cfg: dict):
     return model.train(), args, kwargs
 
 
+def lognormal_lengths(steps: int, median: int, low: int, high: int, seed: int = 0) -> list[int]:
+    """``steps`` sequence lengths drawn log-normal (``median``, sigma 0.8), clipped to ``low..high``."""
+    import math
+    import random
+
+    rng = random.Random(seed)
+    return [min(high, max(low, int(rng.lognormvariate(math.log(median), 0.8)))) for _ in range(steps)]
+
+
+def bucket_plans(plans) -> list[tuple]:
+    """``[(((symbol, edge), ...), plan), ...]`` of the plans made for a size bucket, by bucket."""
+    return sorted(((tuple(sorted(p.info["bucket"].items())), p) for p in plans if p.info.get("bucket")),
+                  key=lambda kv: kv[0])
+
+
 def grad_bytes(model) -> int:
     """Bytes of the parameter gradients one step produces: a floor every method pays."""
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)

@@ -31,8 +31,6 @@ measured in an extra untimed run of that step's batch.
 from __future__ import annotations
 
 import argparse
-import math
-import random
 import time
 
 import common
@@ -47,8 +45,7 @@ TORCH_FRACTION = 0.5
 
 
 def lengths(steps: int, seed: int = 0) -> list[int]:
-    rng = random.Random(seed)
-    return [min(MAX_LEN, max(MIN_LEN, int(rng.lognormvariate(math.log(MEDIAN), 0.8)))) for _ in range(steps)]
+    return common.lognormal_lengths(steps, MEDIAN, MIN_LEN, MAX_LEN, seed)
 
 
 def batch(step: int, length: int, pad_to: int | None):
@@ -149,8 +146,7 @@ def main() -> None:
              plan_peak=max(p.peak_bytes for p in plans))
     r["seconds"] += first_capture
     results["(a) remat, buckets"] = r
-    buckets_table = sorted(((tuple(sorted(p.info["bucket"].items())), p) for p in plans if p.info.get("bucket")),
-                           key=lambda kv: kv[0])
+    buckets_table = common.bucket_plans(plans)
 
     # (b) remat padded
     model = fresh_model()
@@ -200,8 +196,7 @@ def main() -> None:
              planning=sum(p.info.get("partition_seconds", 0.0) for p in plans),
              plan_peak=max(p.peak_bytes for p in plans))
     results["(e) remat.compile (Inductor), buckets"] = r
-    compiled_table = sorted(((tuple(sorted(p.info["bucket"].items())), p) for p in plans if p.info.get("bucket")),
-                            key=lambda kv: kv[0])
+    compiled_table = common.bucket_plans(plans)
 
     if args.quick:
         for k, v in results.items():

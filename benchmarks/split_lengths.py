@@ -31,8 +31,6 @@ the smallest budget it needs.
 from __future__ import annotations
 
 import argparse
-import math
-import random
 import time
 
 import common
@@ -46,8 +44,7 @@ BUDGET_FRACTION = 0.5
 
 
 def lengths(steps: int, seed: int = 0) -> list[int]:
-    rng = random.Random(seed)
-    return [min(MAX_LEN, max(MIN_LEN, int(rng.lognormvariate(math.log(MEDIAN), 0.8)))) for _ in range(steps)]
+    return common.lognormal_lengths(steps, MEDIAN, MIN_LEN, MAX_LEN, seed)
 
 
 def batch(step: int, length: int) -> dict:
@@ -147,8 +144,7 @@ def remat_run(name: str, lens, budget: int, split, check_every: int, inductor: b
     else:
         r.update(plans=len(plans), planning=plans[0].info.get("partition_seconds", first)
                  + sum(p.info.get("bucket_seconds", 0.0) for p in plans))
-    buckets = sorted(((tuple(sorted(p.info["bucket"].items())), p) for p in plans if p.info.get("bucket")),
-                     key=lambda kv: kv[0])
+    buckets = common.bucket_plans(plans)
     return r, buckets, model
 
 

@@ -25,7 +25,7 @@ from .capture import capture_joint, joint_device
 from .capture.shapes import is_dynamic
 from .capture.split import (FASTER_SPLIT_GAIN, FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites,
                             split_info, split_joint)
-from .capture.split_sizes import SymbolicSizes
+from .capture.split_sizes import SymbolicSizes, chunk_counts
 from .cost import make_cost_fn, make_workspace_fn
 from .errors import InfeasibleBudgetError, RematError, through_dynamo
 from .execute.buckets import BucketedStep, dispatching_graphs
@@ -135,10 +135,10 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
             if fitting.step_overhead <= FASTER_SPLIT_OVERHEAD or sizes is not None:
                 return captured, fitting
     sites = find_sites(joint, num_fwd_outputs, sizes)
-    factors = [k for k in SPLIT_FACTORS if sizes is None or sizes.allows(sites, k)]
+    factors = chunk_counts(sizes, sites, SPLIT_FACTORS)
     asked = split
-    if isinstance(split, int) and sizes is not None:
-        split = max((k for k in range(2, split + 1) if sizes.allows(sites, k)), default=1)
+    if isinstance(split, int):
+        split = max(chunk_counts(sizes, sites, range(2, split + 1)), default=1)
     if not sites or split == 1 or (not isinstance(split, int) and not factors):
         if fitting is not None:
             return captured, fitting

@@ -222,6 +222,12 @@ class SizeEmitter:
         raise NotImplementedError(f"remat cannot compute the size {expr} at run time")
 
 
+def chunk_counts(sizes: SymbolicSizes | None, sites: list, candidates) -> list[int]:
+    """The chunk counts among ``candidates`` that a split of ``sites`` may use: every one for a step
+    of fixed sizes, under symbolic ``sizes`` those it :meth:`~SymbolicSizes.allows`."""
+    return [k for k in candidates if sizes is None or sizes.allows(sites, k)]
+
+
 def chunk_bounds(units, k: int) -> list[tuple]:
     """Chunk ``c`` of ``k`` over ``units`` (an int, or a sympy expression): ``[floor(cN/k), floor((c+1)N/k))``."""
     if isinstance(units, int):
@@ -235,4 +241,4 @@ def count_of(shape: tuple, dims) -> sympy.Expr:
     return sympy.Mul(*(shape if dims is None else [shape[d] for d in dims]))
 
 
-__all__ = ["Size", "SymbolicSizes", "SizeEmitter", "chunk_bounds", "count_of"]
+__all__ = ["Size", "SymbolicSizes", "SizeEmitter", "chunk_bounds", "chunk_counts", "count_of"]

@@ -91,7 +91,7 @@ from ..capture import capture_joint, joint_device
 from ..capture.split import (FASTER_SPLIT_GAIN, FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites,
                              split_info, split_joint)
 from ..capture.shapes import bucket_key, concrete_joint, guard_bucket, is_dynamic, name_bucket, refuse_unless_monotone
-from ..capture.split_sizes import SymbolicSizes
+from ..capture.split_sizes import SymbolicSizes, chunk_counts
 from ..cost import INDUCTOR_COST_MODEL, make_cost_fn, make_workspace_fn
 from ..errors import CaptureError, InfeasibleBudgetError
 from ..execute import compiled_ops  # noqa: F401  (registers remat's operators before any compiled graph runs)
@@ -227,8 +227,7 @@ class RematPartitioner(CustomPartitionerFn):
         # a bucket's copy splits with its chunks' sizes computed at run time (capture.split_sizes)
         sizes = None if bucket is None else SymbolicSizes(gm, low, bucket)
         sites = find_sites(planned_gm, num_fwd_outputs, sizes) if isinstance(split, int) and split > 1 else []
-        chunks = max((k for k in range(2, split + 1) if sizes is None or sizes.allows(sites, k)),
-                     default=None) if sites else None
+        chunks = max(chunk_counts(sizes, sites, range(2, split + 1)), default=None) if sites else None
         # a fraction is of the step as captured, unsplit (as in the eager backend), also for a split step
         forced_bytes = (self._unsplit_budget_bytes(planned_gm, num_fwd_outputs, device, costs)
                         if chunks and is_fraction(opts.budget) else None)
@@ -238,7 +237,7 @@ class RematPartitioner(CustomPartitionerFn):
                 num_fwd_outputs, device, costs, bucket, key, split_step=bool(chunks), budget_bytes=forced_bytes)
         except InfeasibleBudgetError as refused:
             sites = find_sites(planned_gm, num_fwd_outputs, sizes) if split == "auto" and opts.solver == "auto" else []
-            factors = [k for k in SPLIT_FACTORS if sizes is None or sizes.allows(sites, k)]
+            factors = chunk_counts(sizes, sites, SPLIT_FACTORS)
             if not sites or not factors:
                 raise
             unsplit_bytes = self.last_budget_bytes if is_fraction(opts.budget) else None  # resolved on the unsplit step
