@@ -1,7 +1,8 @@
 """Batches of many lengths below the LM head's floor: splits under symbolic sizes, in one run.
 
 Run: ``OMP_NUM_THREADS=2 .venv/bin/python benchmarks/split_lengths.py [--steps 60] [--quick]``
-(writes ``benchmarks/split_lengths.md``; ``--quick`` is a smoke test that writes nothing).
+(writes ``benchmarks/split_lengths.md``; ``--quick`` is a smoke test that writes nothing). With
+``--device cuda`` the same on a GPU (writes ``benchmarks/split_lengths_cuda.md``, or ``--out``).
 
 A GPT-2 of the zoo's family (``transformers``, random weights; 4 layers, width 128, a 32,000-token
 vocabulary, 512 positions; its loss computed from ``labels`` inside ``forward``) is trained
@@ -20,7 +21,7 @@ log-softmax and its gradient are each 250 MiB there). The same lengths, weights 
     dropout drawn as eager draws it, for the gradient check).
 
 Reported: steps trained and refused, total seconds (optimizer included; every capture, plan and
-compilation counted), planning seconds, the largest measured peak (torch's CPU allocator, forward +
+compilation counted), planning seconds, the largest measured peak (torch's CPU allocator, or CUDA's, forward +
 backward, an extra untimed run every ``--check-every``-th step) and steps over the budget; at each
 checked step, the gradients against an eager copy of the same weights on the same batch (largest
 difference over each tensor's largest magnitude); (b)'s losses and final weights against (c)'s;
@@ -31,6 +32,7 @@ the smallest budget it needs.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import common
@@ -41,6 +43,7 @@ common.use_checkout_src()
 BATCH, MAX_LEN, MIN_LEN, MEDIAN, VOCAB = 4, 512, 32, 180, 32000
 CFG = dict(n_layer=4, n_embd=128, n_head=4, vocab=VOCAB, positions=MAX_LEN, batch=BATCH, seq=MEDIAN)
 BUDGET_FRACTION = 0.5
+DEVICE = "cpu"
 
 
 def lengths(steps: int, seed: int = 0) -> list[int]:
@@ -50,7 +53,7 @@ def lengths(steps: int, seed: int = 0) -> list[int]:
 def batch(step: int, length: int) -> dict:
     import torch
 
-    ids = torch.randint(0, VOCAB, (BATCH, length), generator=torch.Generator().manual_seed(step))
+    ids = torch.randint(0, VOCAB, (BATCH, length), generator=torch.Generator().manual_seed(step)).to(DEVICE)
     return {"input_ids": ids, "labels": ids}
 
 
@@ -58,7 +61,7 @@ def fresh_model():
     model, _, _ = common.gpt2(CFG)
     inner = model.model  # the transformers model itself: its forward returns an output with .loss
     inner.loss_type = None  # the zoo sets it; leave it unset, as users do
-    return inner.train()
+    return inner.train().to(DEVICE)
 
 
 def grad_gap(model, step_fn, kwargs, seed: int) -> float:
@@ -107,7 +110,7 @@ def train(method: str, model, step_fn, lens: list[int], check_every: int, budget
                 torch.manual_seed(i)
                 step_fn(**kwargs).loss.backward()
 
-            peaks.append((n, common.measured_peak(model, once)))
+            peaks.append((n, common.measured_peak(model, once, DEVICE)))
             model.zero_grad(set_to_none=True)
             if step_fn is not model:
                 gaps.append(grad_gap(model, step_fn, kwargs, i))
@@ -153,7 +156,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--check-every", type=int, default=5)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", help="where the report goes (default: benchmarks/split_lengths[_cuda].md)")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
     if args.quick:
         args.steps, args.check_every = 8, 4
     started, revision = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), common.git_revision()
@@ -228,16 +235,22 @@ def _ahead_rows(ahead) -> list[str]:
 
 
 def report(results, tables, ahead, lens, budget, loss_gap, weight_gap, started, revision, args) -> None:
+    import torch
+
+    machine, allocator = common.machine_facts(), "torch's CPU allocator"
+    if DEVICE != "cpu":
+        machine = f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda}; host: {machine})"
+        allocator = "CUDA allocator statistics, allocator settings " + os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "default")
     lines = [
         "# Batches of many lengths below the LM head's floor: splits under symbolic sizes",
         "",
-        common.made_by("split_lengths.py", revision, started, common.machine_facts()) + ".",
+        common.made_by("split_lengths.py", revision, started, machine) + ".",
         "",
         f"GPT-2 (4 layers, width 128, vocabulary {VOCAB:,}, {MAX_LEN} positions, loss from `labels` in `forward`), "
         f"batch {BATCH}, {len(lens)} AdamW steps on lengths drawn log-normal (median {MEDIAN}) and clipped to "
         f"{MIN_LEN}..{MAX_LEN}: median {sorted(lens)[len(lens) // 2]}, max {max(lens)}, {len(set(lens))} distinct. "
         f"Budget: **{common.mib(budget)} MiB** in bytes, fraction {BUDGET_FRACTION} of the {MAX_LEN}-token step's "
-        f"changeable memory. Peaks measured every {args.check_every}th step (torch's CPU allocator, forward + "
+        f"changeable memory. Peaks measured every {args.check_every}th step ({allocator}, forward + "
         "backward, an extra untimed run). Times include the optimizer and every capture and plan; the peak checks "
         "are left out.",
         "",
@@ -273,7 +286,8 @@ def report(results, tables, ahead, lens, budget, loss_gap, weight_gap, started, 
                          f"{' (warm)' if p.info.get('warm') else ''} | {p.info.get('split', {}).get('chunks', '–')} | "
                          f"{common.mib(p.peak_bytes)} | {common.pct(p.overhead)} | {p.info.get(seconds, 0):.2f} |")
     lines.append("")
-    common.publish("\n".join(lines), common.HERE / "split_lengths.md")
+    default = common.HERE / ("split_lengths.md" if DEVICE == "cpu" else "split_lengths_cuda.md")
+    common.publish("\n".join(lines), args.out or default)
 
 
 if __name__ == "__main__":

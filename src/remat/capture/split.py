@@ -39,7 +39,7 @@ import torch.fx as fx
 
 from .joint import forward_phase, input_mutations_of
 from .split_barriers import BARRIER_RULES
-from .split_rules import SUM, WHOLE, Split, State, rows_of, rule_for, val
+from .split_rules import FIRST, SUM, WHOLE, Split, State, rows_of, rule_for, val
 from .split_sizes import Size, SizeEmitter, SymbolicSizes, chunk_bounds, count_of
 
 aten = torch.ops.aten
@@ -122,7 +122,8 @@ class _Grower:
     def _seen(self, value: fx.Node, state: State, consumer: fx.Node) -> State:
         """The state in which ``consumer`` reads the site's ``value``: a sum or mean is combined when
         its segment ends, so the other phase reads it whole; a barrier's statistics are whole."""
-        if state.kind == "stat" or (state.kind in ("sum", "mean") and (value in self.forward) != (consumer in self.forward)):
+        if state.kind == "stat" or (state.kind in ("sum", "mean", "first")
+                                    and (value in self.forward) != (consumer in self.forward)):
             return WHOLE
         return state
 
@@ -527,6 +528,9 @@ class _Rewriter:
             state = site.states.get(node)
             if state is None or state.kind == "stat" or (
                     node.target is not operator.getitem and not isinstance(val(node), torch.Tensor)):
+                continue
+            if state == FIRST:  # each chunk's is the same (an attention kernel's random-number state)
+                self.env[node] = self.chunks[node][0]
                 continue
             if state.split:
                 if all(u in site.states or u in site.splits for u in node.users):

@@ -45,7 +45,7 @@ aten = torch.ops.aten
 
 @dataclass(frozen=True)
 class State:
-    kind: str  # "rows", "cols", "whole", "sum", "mean", or "stat" (a barrier's, split_barriers.py)
+    kind: str  # "rows", "cols", "whole", "sum", "mean", "first", or "stat" (a barrier's, split_barriers.py)
     lead: int = 1  # rows: how many leading dims flatten to the rows
     per: int = 1  # rows and cols: rows for each of the site's units
 
@@ -58,6 +58,7 @@ class State:
 WHOLE = State("whole")
 SUM = State("sum")
 MEAN = State("mean")
+FIRST = State("first")  # each chunk makes the same value (a random-number state): chunk 0's is the whole
 
 
 def rows(lead: int = 1, per: int = 1) -> State:
@@ -391,8 +392,6 @@ def _sum_over_rows(node, state_of):
 # batch-wise ops: the positions of the arguments read whole (weights); every other tensor by rows
 _WHOLE_ARGS: dict[Any, tuple[int, ...]] = {
     aten.bmm.default: (),
-    aten._scaled_dot_product_flash_attention_for_cpu.default: (),
-    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: (),
     aten.convolution.default: (1, 2),
     aten.convolution_backward.default: (2,),
     aten.max_pool2d_with_indices.default: (),
@@ -439,13 +438,56 @@ def _convolution_backward(node, state_of):
     return None if split is None else Split((split.outputs[0], SUM, SUM))
 
 
+def _argument(node: fx.Node, name: str, default=None):
+    """The argument ``name`` of an op node's call, by its schema (positional or keyword)."""
+    for i, arg in enumerate(node.target._schema.arguments):
+        if arg.name == name:
+            return node.args[i] if i < len(node.args) else node.kwargs.get(name, default)
+    return default
+
+
+# attention kernels over ``[batch, heads, tokens, dim]``, forward and backward: the arguments read by
+# rows (by batch, like the query); every other tensor argument (a random-number state, an empty
+# sequence-offset tensor) is read whole. A forward's first two outputs (the attention and its
+# log-sum-exp) come by rows, the rest (random-number states, empty or debug tensors, sizes) are each
+# chunk's own and equal: any chunk's stands for the whole (``FIRST``).
+_ATTENTION_ROWS = {"query", "key", "value", "grad_out", "grad_out_", "out", "logsumexp"}
+_ATTENTION_FORWARD = {aten._scaled_dot_product_flash_attention_for_cpu.default,
+                      aten._scaled_dot_product_efficient_attention.default,
+                      aten._scaled_dot_product_flash_attention.default,
+                      aten._scaled_dot_product_cudnn_attention.default}
+_ATTENTION_BACKWARD = {aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+                       aten._scaled_dot_product_efficient_attention_backward.default,
+                       aten._scaled_dot_product_flash_attention_backward.default,
+                       aten._scaled_dot_product_cudnn_attention_backward.default}
+
+
 def _attention(node, state_of):
-    """Attention kernels over ``[batch, heads, tokens, dim]``: batch-wise without dropout (a chunk
-    would draw other numbers) and without a mask (not split with the rows)."""
-    dropout = node.args[3] if node.target is aten._scaled_dot_product_flash_attention_for_cpu.default else node.args[6]
-    if dropout or node.kwargs.get("attn_mask") is not None:
+    """An attention kernel (the CPU's flash kernel; CUDA's flash, memory-efficient and cuDNN ones)
+    split by batch: each sequence's attention reads only its own queries, keys and values. Not with
+    dropout (a chunk would draw other numbers) or a mask or bias (not split with the rows)."""
+    if _argument(node, "dropout_p", 0.0) or any(_argument(node, name) is not None
+                                                for name in ("attn_mask", "attn_bias")):
         return None
-    return _batch_wise(node, state_of)
+    state = None
+    for arg, schema in zip(node.args, node.target._schema.arguments):
+        if not isinstance(val(arg), torch.Tensor):
+            continue
+        by_rows = schema.name in _ATTENTION_ROWS
+        s = state_of(arg, whole=not by_rows)
+        if not by_rows:
+            if s != WHOLE:
+                return None
+            continue
+        if not is_rows(s, 1) or (state is not None and s != state):
+            return None
+        state = s
+    if state is None or any(isinstance(val(v), torch.Tensor) for v in node.kwargs.values()):
+        return None
+    count = len(node.target._schema.returns)
+    if node.target in _ATTENTION_FORWARD:
+        return Split((state, state) + (FIRST,) * (count - 2))
+    return Split((state,) * count)
 
 
 def _reduce_within_rows(node, state_of):
@@ -507,11 +549,8 @@ RULES: dict[Any, Rule] = {
     aten.var_mean.correction: _reduce_within_rows,
     aten.var.correction: _reduce_within_rows,
     aten.convolution_backward.default: _convolution_backward,
-    aten._scaled_dot_product_flash_attention_for_cpu.default: _attention,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _attention,
-    **{op: _batch_wise for op in _WHOLE_ARGS if op not in (
-        aten.convolution_backward.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
-        aten._scaled_dot_product_flash_attention_for_cpu_backward.default)},
+    **{op: _attention for op in _ATTENTION_FORWARD | _ATTENTION_BACKWARD},
+    **{op: _batch_wise for op in _WHOLE_ARGS if op is not aten.convolution_backward.default},
 }
 
 
@@ -531,5 +570,5 @@ def rule_for(node: fx.Node) -> Rule | None:
     return None
 
 
-__all__ = ["State", "Split", "WHOLE", "SUM", "MEAN", "rows", "rows_of", "is_rows", "units",
+__all__ = ["State", "Split", "WHOLE", "SUM", "MEAN", "FIRST", "rows", "rows_of", "is_rows", "units",
            "rule_for", "val", "RULES"]
