@@ -17,6 +17,7 @@ import itertools
 import time
 
 import torch
+import torch._functorch.config
 from torch._dynamo import register_backend
 from torch._dynamo.backends.common import aot_autograd
 
@@ -303,7 +304,11 @@ def remat_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None
     # module) reads to know that the first call of each piece returns fake tensors.
     compiler = aot_autograd(fw_compiler=_compile_boxed, bw_compiler=_compile_boxed, partition_fn=make_partition_fn(opts, updated))
     try:
-        return compiler(gm, example_inputs)
+        # the backward is remat's own: AOTAutograd's donated-buffer analysis (for Inductor's backward) has
+        # nothing to give it, and torch 2.11 reads the storage of every saved value there, also of a size
+        # bucket's opaque saved object (AttributeError: 'SavedByBucket' object has no attribute 'untyped_storage')
+        with torch._functorch.config.patch(donated_buffer=False):
+            return compiler(gm, example_inputs)
     except RematError as err:  # reach the user as remat's error, not as Dynamo's BackendCompilerFailed
         raise through_dynamo(err) from err.__cause__
 
