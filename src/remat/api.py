@@ -388,8 +388,10 @@ def compile(
     (guarded: a size outside it compiles the next bucket). Such buckets plan recomputation only: the
     offloading solvers' copies are written for one size.
 
-    ``split`` as in :func:`optimize`: ``"auto"`` splits the largest ops into 2, 4, ... chunks only
-    where no plan of the step as captured fits (the fewest chunks that plan); an int forces that many.
+    ``split`` as in :func:`optimize`: ``"auto"`` splits the largest ops into 2, 4, ... chunks where no
+    plan of the step as captured fits (the fewest chunks that plan; more while each is predicted 2%
+    faster, where that plan recomputes more than 2% of the step) or, for a static step, where a split
+    plan is predicted faster than the one that fits; an int forces that many.
     """
     if not example_args and not example_kwargs:
         _warn_if_not_training(model)

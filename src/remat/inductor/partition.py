@@ -242,7 +242,7 @@ class RematPartitioner(CustomPartitionerFn):
                 raise
             unsplit_bytes = self.last_budget_bytes if is_fraction(opts.budget) else None  # resolved on the unsplit step
             # below the step's floor as captured: its largest ops split into 2, 4, ... chunks, the fewest that plan
-            for chunks in factors:  # the fewest chunks whose quick plans fit, planned in full
+            for i, chunks in enumerate(factors):  # the fewest chunks whose quick plans fit, planned in full
                 planned = self._quick_split_plan(planned_gm, num_fwd_outputs, device, costs, sites, chunks,
                                                  unsplit_bytes, bucket, key, sizes)
                 if planned is not None:
@@ -250,11 +250,18 @@ class RematPartitioner(CustomPartitionerFn):
                     break
             else:
                 raise refused
+            if plan.step_overhead > FASTER_SPLIT_OVERHEAD:  # more chunks leave more memory for what it recomputes
+                faster = self._faster_split(planned_gm, num_fwd_outputs, device, costs, plan, sites, factors[i + 1:],
+                                            unsplit_bytes, f"{chunks} chunks'", bucket, key, sizes)
+                if faster is not None:
+                    chunks, (capture, fused, plan) = faster
         else:
             if split == "auto" and not chunks and self._may_split_for_speed(plan, bucket):
-                faster = self._faster_split(planned_gm, num_fwd_outputs, device, costs, plan)
+                sites = find_sites(planned_gm, num_fwd_outputs)
+                faster = self._faster_split(planned_gm, num_fwd_outputs, device, costs, plan, sites, SPLIT_FACTORS,
+                                            self.last_budget_bytes, "unsplit")
                 if faster is not None:
-                    chunks, sites, (capture, fused, plan) = faster
+                    chunks, (capture, fused, plan) = faster
         if chunks:
             plan.info["split"] = split_info(chunks, sites)
         if bucket is not None:
@@ -301,16 +308,18 @@ class RematPartitioner(CustomPartitionerFn):
         return (opts.solver == "auto" and opts.plan is None and bucket is None and opts.budget is not None
                 and not is_min(opts.budget) and plan.step_overhead > FASTER_SPLIT_OVERHEAD)
 
-    def _faster_split(self, planned_gm, num_fwd_outputs, device, costs, unsplit):
-        """(chunks, sites, (capture, fused, plan)) of a split step planned at the unsplit plan's budget
-        bytes whose predicted step (compute and stalls) is ``FASTER_SPLIT_GAIN`` below the unsplit
-        plan's; chunk counts from 2 up while each is faster than the one before, only where a quick plan
-        fits (as the eager backend does). None: no split plan is that much faster."""
-        sites = find_sites(planned_gm, num_fwd_outputs)
-        budget_bytes = self.last_budget_bytes
-        best, chosen = unsplit, None
-        for chunks in SPLIT_FACTORS if sites else ():
-            planned = self._quick_split_plan(planned_gm, num_fwd_outputs, device, costs, sites, chunks, budget_bytes)
+    def _faster_split(self, planned_gm, num_fwd_outputs, device, costs, baseline, sites, factors, budget_bytes,
+                      label: str, bucket=None, key=None, sizes=None):
+        """(chunks, (capture, fused, plan)) of the step split into ``factors`` chunks in turn, planned at
+        ``budget_bytes`` (as :meth:`_quick_split_plan`), whose predicted step (compute and stalls) is
+        ``FASTER_SPLIT_GAIN`` below ``baseline``'s (the unsplit step's plan, or fewer chunks'; ``label``
+        names it): more chunks while each is that much faster than the one before and the last one's
+        overhead is above ``FASTER_SPLIT_OVERHEAD``, only where a quick plan fits (as the eager backend
+        does). None: no split plan is that much faster."""
+        best, chosen = baseline, None
+        for chunks in factors if sites else ():
+            planned = self._quick_split_plan(planned_gm, num_fwd_outputs, device, costs, sites, chunks, budget_bytes,
+                                             bucket, key, sizes)
             if planned is None:
                 continue
             step = planned[2].simulation.step_seconds
@@ -318,8 +327,10 @@ class RematPartitioner(CustomPartitionerFn):
                 break
             planned[2].info["chosen by"] = (
                 f"auto: split into {chunks} chunks, predicted {planned[2].step_overhead:+.1%} against the "
-                f"unsplit plan's {unsplit.step_overhead:+.1%} (its own store-all compute each)")
-            best, chosen = planned[2], (chunks, sites, planned)
+                f"{label} plan's {baseline.step_overhead:+.1%} (its own store-all compute each)")
+            best, chosen = planned[2], (chunks, planned)
+            if best.step_overhead <= FASTER_SPLIT_OVERHEAD:
+                break  # little recomputation left for more chunks to save
         return chosen
 
     def _capture_and_plan(self, planned_gm, num_fwd_outputs, device, costs, bucket, key, split_step=False,
