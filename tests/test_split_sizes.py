@@ -186,6 +186,36 @@ def test_lengths_below_the_unsplit_floor_train_with_a_split_plan_per_bucket():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
 
 
+def test_a_buckets_full_plan_splits_where_that_is_predicted_faster(monkeypatch):
+    """A bucket that fits unsplit gets a warm plan at once (a fast solver's, recomputing); once that
+    has run ``UPGRADE_AFTER`` steps the bucket is planned in full, and split plans are weighed then as
+    for a static step: two chunks leave the budget room to recompute nothing, predicted faster than
+    the unsplit full plan. Gradients as eager's at every length, before and after."""
+    from remat.capture.split import FASTER_SPLIT_GAIN
+    from remat.execute import buckets
+
+    monkeypatch.setattr(buckets, "UPGRADE_AFTER", 2)
+    model, batch = _gpt2(vocab=32000, n_embd=32, batch=2, seq=128, layers=2)
+    options = dict(cache=False, cost_model="flops")  # analytic costs: the premise does not move with the load
+    store = remat.plan(model, **batch, solver="store_all", split="off", **options).peak_bytes
+    least = remat.plan(model, **batch, budget="min", split="off", **options).peak_bytes
+    budget = int(least + 0.05 * (store - least))  # fits unsplit with recomputation (rotor +5.4%, hybrid +4.8%)
+    unsplit = remat.plan(model, **batch, budget=budget, split="off", **options)
+    planned = remat.optimize(copy.deepcopy(model), **batch, budget=budget, **options)
+    eager = copy.deepcopy(model)
+    for length in (100, 113, 127):  # one bucket, 97..128: the third step runs the full plan
+        ids = batch["input_ids"][:, :length]
+        loss, grads = _grads(planned, input_ids=ids, labels=ids)
+        eager_loss, eager_grads = _grads(eager, input_ids=ids, labels=ids)
+        torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=0)
+        _close(grads, eager_grads)
+    first, full = [p for p in planned.plans if p.info.get("bucket")]
+    assert first.info.get("warm") and first.recomputations and "split" not in first.info
+    assert full.info["split"]["chunks"] >= 2 and "predicted" in full.info["chosen by"] and full.peak_bytes <= budget
+    assert full.simulation.step_seconds < unsplit.simulation.step_seconds * (1 - FASTER_SPLIT_GAIN)
+    assert planned.plan is full
+
+
 def test_plan_lengths_splits_the_buckets_no_plan_fits_as_captured():
     model, batch = _gpt2(vocab=32000, n_embd=32, batch=2, seq=128)
     budget = 56 * MiB

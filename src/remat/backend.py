@@ -98,7 +98,7 @@ MIN_GAIN = 0.02  # budget="min": a larger split factor must lower the peak by th
 
 
 def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts: BackendOptions,
-                      sizes: SymbolicSizes | None = None):
+                      sizes: SymbolicSizes | None = None, for_speed: bool = True):
     """``(capture, plan)`` for the step, its ops split into row chunks where that is needed
     (:mod:`remat.capture.split`).
 
@@ -120,8 +120,9 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     ``sizes``: ``joint`` is a bucket's concrete copy of a step captured with symbolic sizes
     (:mod:`remat.capture.split_sizes`): only sites that split at every size of the bucket, into the
     chunk counts that hold at every size (an int ``split``: the most chunks up to it that do,
-    recorded as ``info["split"]["asked"]`` where fewer), and a step that fits is not split for speed
-    (each bucket would pay the split plans' search)."""
+    recorded as ``info["split"]["asked"]`` where fewer). ``for_speed=False``: a step that fits is not
+    split for speed (a bucket's first plan: each bucket would pay the split plans' search; its full plan,
+    made once its warm plan has run ``UPGRADE_AFTER`` steps, weighs splits)."""
     split = opts.split
     if opts.plan is not None or split in ("off", 1) or (split == "auto" and opts.solver != "auto"):
         return captured, plan(captured.graph, opts.budget)
@@ -133,7 +134,7 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
         except InfeasibleBudgetError as err:
             refused = err
         else:
-            if fitting.step_overhead <= FASTER_SPLIT_OVERHEAD or sizes is not None:
+            if fitting.step_overhead <= FASTER_SPLIT_OVERHEAD or not for_speed:
                 return captured, fitting
     sites = find_sites(joint, num_fwd_outputs, sizes)
     factors = chunk_counts(sizes, sites, SPLIT_FACTORS)
@@ -244,7 +245,8 @@ def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions, 
     store-all, the other buckets' plans, the fast solvers; a full ``auto`` plan only when none of
     them fits), in a fraction of a second; a bucket whose warm plan recomputes or offloads is planned
     again in full once it has run ``UPGRADE_AFTER`` steps (:class:`~remat.execute.buckets.BucketedStep`),
-    when the better plan pays for its planning. A fraction budget is of the largest bucket planned so
+    when the better plan pays for its planning; that full plan weighs split plans for speed as a static
+    step's does (``split="auto"``). A fraction budget is of the largest bucket planned so
     far: its bytes, resolved on that bucket's graph, hold at every smaller bucket too."""
     state: dict = {"bytes": 0, "plans": [], "no_workspace": frozenset()}
 
@@ -268,7 +270,7 @@ def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions, 
 
         sizes = SymbolicSizes(joint, low, high) if low is not None else None
         captured, planned = _plan_with_splits(concrete, num_fwd_outputs, captured, capture_here, plan_here,
-                                              dataclasses.replace(opts, budget=budget), sizes)
+                                              dataclasses.replace(opts, budget=budget), sizes, for_speed=full)
         planned.info["capture"] = capture_id
         state["plans"].append(planned)
         if opts.on_plan is not None:
