@@ -326,14 +326,20 @@ def exact_plan(graph: Graph, budget_bytes, time_limit, options=None) -> Plan | N
 def _exact(graph: Graph, budget_bytes, time_limit, options) -> tuple[list[str], list[Plan | None]]:
     """The exact solvers on a small graph: CP-SAT with half the time (it proves many optima in
     seconds that take HiGHS minutes, and where neither proves one its plans are as good or better),
-    then, unless it proved a plan optimal, the MILP warm-started from CP-SAT's plan with the rest."""
+    then the MILP warm-started from CP-SAT's plan with the rest, unless CP-SAT's plan fits and is proven
+    optimal, or the graph has more than ``AUTO_MILP_NODES`` nodes: there the MILP proved nothing within
+    a minute on the graphs measured (``benchmarks/solvers.md``) and, warm-started, found no better plan
+    (the tiny U-Net's 152-node coarse graph: CP-SAT at its limit 1.5-2.5% of the step above its bound,
+    then HiGHS 15 s more for the same plan). Where CP-SAT finds no plan the MILP still runs: it proves
+    infeasibility and finds the smallest peak."""
     time_limit = AUTO_TIME_LIMIT if time_limit is None else time_limit
     start = time.perf_counter()
     if _fits(store_all_plan(graph), budget_bytes):  # nothing is cheaper than computing everything once
         return ["store_all"], [store_all_plan(graph)]
     # CP-SAT with its default copies only: it is slow to prove a budget infeasible, the MILP is not
     first = _run("cpsat", graph, budget_bytes, time_limit / 2, options, True, {"grow_copies": False})
-    if _fits(first, budget_bytes) and first.info.get("status") == "optimal":  # (or within a negligible 0.1% of the step)
+    if _fits(first, budget_bytes) and (first.info.get("status") == "optimal"  # (or within a negligible 0.1% of the step)
+                                        or len(graph.nodes) > AUTO_MILP_NODES):
         return ["cpsat"], [first]
     left = max(1.0, time_limit - (time.perf_counter() - start))
     warm = {"warm_plans": [first]} if _fits(first, budget_bytes) else {}
