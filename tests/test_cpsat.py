@@ -219,3 +219,30 @@ def test_cpsat_stops_once_its_plan_is_within_a_negligible_share_of_the_step(monk
     largest = max(n.cost for n in g.nodes)
     assert made[0].parameters.absolute_gap_limit == int(NEGLIGIBLE_OVERHEAD * g.store_all_seconds / largest * COST_UNITS)
     assert plan.info["status"] == "optimal" and 0 <= plan.info["gap_of_step"] <= NEGLIGIBLE_OVERHEAD
+
+
+def test_exact_planning_keeps_cpsats_fitting_plan_without_the_milp_above_its_size(monkeypatch):
+    """Above ``AUTO_MILP_NODES`` nodes (the hierarchical planner's fallback on a branchy graph) a plan
+    CP-SAT finds within the budget is kept and the MILP is not run after it; at most that size, and
+    where CP-SAT finds no plan, the MILP still runs."""
+    from remat.solvers import planner
+
+    ran = []
+    real_run = planner._run
+
+    def run(name, *args, **kwargs):
+        ran.append(name)
+        return real_run(name, *args, **kwargs)
+
+    monkeypatch.setattr(planner, "_run", run)
+    store = solve("store_all", chain(n=60), None).peak_bytes  # 122 nodes
+    graph = chain(n=60)
+    assert len(graph.nodes) > planner.AUTO_MILP_NODES
+    names, plans = planner._exact(graph, int(store * 0.6), 4.0, {})
+    assert names == ran == ["cpsat"] and plans[0].peak_bytes <= int(store * 0.6)
+    ran.clear()
+    small = chain(n=20)
+    assert len(small.nodes) <= planner.AUTO_MILP_NODES
+    small_store = solve("store_all", small, None).peak_bytes
+    names, plans = planner._exact(small, int(small_store * 0.6), 4.0, {})
+    assert ran[0] == "cpsat" and (names == ["cpsat"]) == (plans[0].info.get("status") == "optimal")

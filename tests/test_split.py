@@ -199,3 +199,33 @@ def test_compile_splits_a_step_that_fits_where_a_split_plan_is_predicted_faster(
     measured = measure_step(lambda: compiled(**batch).backward(), setup=lambda: compiled.zero_grad(set_to_none=True),
                             warmup=1, repeats=1).peak_bytes
     assert measured <= budget and abs(measured - plan.peak_bytes) <= max(0.05 * plan.peak_bytes, 2 * MiB)
+
+
+def test_compiles_split_search_takes_more_chunks_while_each_is_predicted_faster(monkeypatch):
+    """The Inductor partitioner's weighing of more chunks (below the floor, and for a step that fits),
+    on stand-in plans: from the baseline it takes each factor predicted FASTER_SPLIT_GAIN faster than
+    the one before, skips a factor no quick plan fits, and stops at the first plan within
+    FASTER_SPLIT_OVERHEAD or the first not faster enough."""
+    from types import SimpleNamespace
+
+    from remat.inductor.partition import RematPartitioner
+    from remat.solvers.options import BackendOptions
+
+    def stand_in(step, overhead):
+        return SimpleNamespace(simulation=SimpleNamespace(step_seconds=step), step_overhead=overhead, info={})
+
+    def search(steps: dict, baseline):
+        def quick(self, gm, n, device, costs, sites, chunks, *rest):
+            return None if steps.get(chunks) is None else ("capture", "fused", stand_in(*steps[chunks]))
+        monkeypatch.setattr(RematPartitioner, "_quick_split_plan", quick)
+        found = RematPartitioner(BackendOptions())._faster_split(None, 1, "cpu", None, baseline, ["a site"],
+                                                                  (2, 4, 8, 16), None, "2 chunks'")
+        return None if found is None else found[0]
+
+    slow = stand_in(1.20, 0.20)
+    # 2 chunks not planned quickly; 4 faster; 8 faster still and within 2%: stop there
+    assert search({4: (1.10, 0.10), 8: (1.01, 0.01), 16: (0.90, 0.0)}, slow) == 8
+    # 8 not 2% faster than 4: keep 4
+    assert search({2: (1.10, 0.10), 4: (1.05, 0.05), 8: (1.04, 0.04)}, slow) == 4
+    # nothing 2% faster than the baseline
+    assert search({2: (1.19, 0.19), 4: (1.18, 0.18)}, slow) is None

@@ -17,7 +17,8 @@ backward ops are two *segments*; each runs chunk after chunk (chunk 1's ops, the
 where the original ran the segment's first op. Inputs split by rows are sliced (views: no
 memory); outputs split by rows are concatenated when the segment ends; ``sum`` outputs are added
 up chunk by chunk (a weight's gradient: ``addmm`` into the running total); ``mean`` divides the
-summed losses by the summed weights.
+summed losses by the summed weights. A ``first`` output (each chunk makes the same: an attention kernel's
+random-number state) is chunk 0's.
 
 A joint graph captured with symbolic sizes is split on its copy made concrete at a bucket's edge,
 given its :class:`~remat.capture.split_sizes.SymbolicSizes`: its sites are only those whose values
@@ -120,8 +121,9 @@ class _Grower:
         self.forward, self.taken = forward, taken
 
     def _seen(self, value: fx.Node, state: State, consumer: fx.Node) -> State:
-        """The state in which ``consumer`` reads the site's ``value``: a sum or mean is combined when
-        its segment ends, so the other phase reads it whole; a barrier's statistics are whole."""
+        """The state in which ``consumer`` reads the site's ``value``: a sum, a mean or a ``first``
+        value is combined when its segment ends, so the other phase reads it whole; a barrier's
+        statistics are whole."""
         if state.kind == "stat" or (state.kind in ("sum", "mean", "first")
                                     and (value in self.forward) != (consumer in self.forward)):
             return WHOLE
@@ -150,8 +152,11 @@ class _Grower:
         outs = self._output_states(node, split)
         if outs is None:
             return False
-        # a value the site already reads from outside must keep the state it was read in
+        # a value the site already reads from outside must keep the state it was read in (sizes, such
+        # as a flash kernel's max_q, are read as they are: no state)
         for out, state in outs.items():
+            if not isinstance(val(out), torch.Tensor):
+                continue
             for user in out.users:
                 if user in self.site.splits and self._seen(out, state, user) != self.site.reads.get((user, out)):
                     return False

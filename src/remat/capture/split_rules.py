@@ -12,6 +12,8 @@ tensor the site reads or makes is in one :class:`State`:
 ``whole``  not split: every chunk reads all of it (a weight, a scalar, a loss's total weight)
 ``sum``    each chunk makes a part and the value is the sum of the parts (a weight's gradient)
 ``mean``   ``nll_loss``'s mean: the summed parts divided by the summed total weight
+``first``  each chunk makes the same value (an attention kernel's random-number state, an empty
+           tensor, a size): chunk 0's is the whole
 =========  ===========================================================================
 
 A rule looks at one FX node and the states of its tensor inputs and returns a :class:`Split`
@@ -263,8 +265,8 @@ def _addmm(node, state_of):
 
 
 def _batch_wise(node, state_of):
-    """An op independent over dim 0 of every tensor it reads and makes (a batched matmul, attention
-    over batch and heads, a convolution's or pooling's batch): every input split by rows of one
+    """An op independent over dim 0 of every tensor it reads and makes (a batched matmul, a
+    convolution's or pooling's batch): every input split by rows of one
     dim, alike; weights (``whole``) allowed where ``_WHOLE_ARGS`` names them."""
     whole_at = _WHOLE_ARGS.get(node.target, ())
     state = None
@@ -449,7 +451,7 @@ def _argument(node: fx.Node, name: str, default=None):
 # attention kernels over ``[batch, heads, tokens, dim]``, forward and backward: the arguments read by
 # rows (by batch, like the query); every other tensor argument (a random-number state, an empty
 # sequence-offset tensor) is read whole. A forward's first two outputs (the attention and its
-# log-sum-exp) come by rows, the rest (random-number states, empty or debug tensors, sizes) are each
+# log-sum-exp) come by rows, the rest (random-number states, empty tensors, sizes; a debug mask is refused) are each
 # chunk's own and equal: any chunk's stands for the whole (``FIRST``).
 _ATTENTION_ROWS = {"query", "key", "value", "grad_out", "grad_out_", "out", "logsumexp"}
 _ATTENTION_FORWARD = {aten._scaled_dot_product_flash_attention_for_cpu.default,
@@ -466,8 +468,8 @@ def _attention(node, state_of):
     """An attention kernel (the CPU's flash kernel; CUDA's flash, memory-efficient and cuDNN ones)
     split by batch: each sequence's attention reads only its own queries, keys and values. Not with
     dropout (a chunk would draw other numbers) or a mask or bias (not split with the rows)."""
-    if _argument(node, "dropout_p", 0.0) or any(_argument(node, name) is not None
-                                                for name in ("attn_mask", "attn_bias")):
+    if (_argument(node, "dropout_p", 0.0) or _argument(node, "return_debug_mask", False)  # (a mask per sequence)
+            or any(_argument(node, name) is not None for name in ("attn_mask", "attn_bias"))):
         return None
     state = None
     for arg, schema in zip(node.args, node.target._schema.arguments):

@@ -262,6 +262,8 @@ class RematPartitioner(CustomPartitionerFn):
                                             self.last_budget_bytes, "unsplit")
                 if faster is not None:
                     chunks, (capture, fused, plan) = faster
+        # planned after all (split below the floor): a refusal recorded on the way is not this bucket's answer
+        self.refused.pop((key, self.bucket_budget_bytes), None)
         if chunks:
             plan.info["split"] = split_info(chunks, sites)
         if bucket is not None:

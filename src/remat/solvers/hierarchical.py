@@ -15,7 +15,8 @@
 Steps 1–3 are cached per graph, and the DP's tables per slot size: a new budget reruns only
 the DP (usually not even that). A graph without block structure (fewer than two blocks) is
 handed to the exact solvers (:func:`~remat.solvers.planner.exact_plan`: CP-SAT, then the MILP
-warm-started from its plan unless CP-SAT proved it optimal). The grid: save budgets ``SAVE_FRACTIONS`` × the store-all
+warm-started from its plan unless CP-SAT proved it optimal, or fit on a graph of more than
+``AUTO_MILP_NODES`` nodes). The grid: save budgets ``SAVE_FRACTIONS`` × the store-all
 schedule's saved bytes, each with the peak unbounded and bounded at ``PEAK_FRACTIONS`` of the
 store-all schedule's peak. With the peak unbounded the cheapest schedule is exact and takes
 milliseconds (:mod:`remat.solvers.keep_set`); each is offered with its *lean* variant too (what it

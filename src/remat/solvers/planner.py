@@ -8,7 +8,7 @@ plan optimal, the Checkmate MILP with the rest, warm-started from CP-SAT's plan 
 (so never worse than them), adding the hierarchical planner when neither proved an optimum
 or both missed the budget; a larger
 graph goes to the hierarchical planner, which itself hands graphs without block structure to the
-MILP. Wherever the hierarchical planner runs, so does ``keep_set`` (milliseconds per save budget;
+exact solvers (there CP-SAT's plan, where it fits, is kept without the MILP). Wherever the hierarchical planner runs, so does ``keep_set`` (milliseconds per save budget;
 on a large graph in a thread beside the hierarchical planner, both being mostly HiGHS, which runs
 without Python's lock):
 the exact cheapest plans that keep one set of values across the whole graph, which the
