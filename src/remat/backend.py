@@ -24,7 +24,7 @@ from torch._dynamo.backends.common import aot_autograd
 from .budget import bytes_to_fraction, fixed_bytes, is_fraction, is_min
 from .capture import capture_joint, joint_device
 from .capture.shapes import is_dynamic
-from .capture.split import (FASTER_SPLIT_GAIN, FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites,
+from .capture.split import (FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, faster_chunks, find_sites,
                             split_info, split_joint)
 from .capture.split_sizes import SymbolicSizes, chunk_counts
 from .cost import make_cost_fn, make_workspace_fn
@@ -213,28 +213,23 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
 def _faster_of(baseline, chunked, sites, budget_bytes: int, plan, factors, label: str):
     """``(capture, plan)``: ``baseline`` (a fitting plan of the step unsplit, or split into fewer
     chunks; ``label`` names it), or a split step's plan by ``SPLIT_FIRST_SOLVER`` within
-    ``budget_bytes`` whose predicted step (compute and stalls) is at least ``FASTER_SPLIT_GAIN``
-    faster; chunk counts of ``factors`` in turn while each is faster than the one before and the
-    last one's overhead is above ``FASTER_SPLIT_OVERHEAD``."""
-    best = baseline
-    for k in factors:
+    ``budget_bytes`` taken for speed by :func:`~remat.capture.split.faster_chunks`, where the quick
+    planners fit the split step (a factor that needs a full search to fit is not worth one for speed)."""
+    def plan_for(k):
         graph = chunked(k).graph
         if quick_minimum(graph) > budget_bytes:
-            continue  # this factor needs a full search to fit at all: not worth one for speed
+            return None
         try:
-            candidate = plan(graph, budget_bytes, SPLIT_FIRST_SOLVER)
+            return chunked(k), plan(graph, budget_bytes, SPLIT_FIRST_SOLVER)
         except InfeasibleBudgetError:
-            continue
-        if candidate.simulation.step_seconds >= best[1].simulation.step_seconds * (1 - FASTER_SPLIT_GAIN):
-            break
-        candidate.info["split"] = split_info(k, sites)
-        candidate.info["chosen by"] = (
-            f"auto: split into {k} chunks, predicted {candidate.step_overhead:+.1%} against the {label} "
-            f"plan's {baseline[1].step_overhead:+.1%} (its own store-all compute each)")
-        best = (chunked(k), candidate)
-        if candidate.step_overhead <= FASTER_SPLIT_OVERHEAD:
-            break  # little recomputation left for more chunks to save
-    return best
+            return None
+
+    found = faster_chunks(baseline[1], factors, plan_for, label)
+    if found is None:
+        return baseline
+    k, (capture, candidate) = found
+    candidate.info["split"] = split_info(k, sites)
+    return capture, candidate
 
 
 def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions, capture_id: int):

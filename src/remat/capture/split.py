@@ -33,6 +33,7 @@ import heapq
 import math
 import operator
 from dataclasses import dataclass, field
+from typing import Callable
 
 import sympy
 import torch
@@ -361,6 +362,31 @@ def _leading_counts(shape) -> set[int]:
     return {c for c in (math.prod(int(x) for x in shape[:lead]) for lead in range(1, len(shape))) if c >= 2}
 
 
+def faster_chunks(baseline, factors, plan_for: Callable[[int], tuple | None], label: str):
+    """``(k, plan_for(k))`` for the chunk count of ``factors`` taken for speed over ``baseline`` (a
+    plan: of the step unsplit, or split into fewer chunks; ``label`` names it), or None. ``plan_for(k)``
+    is a tuple ending with the split step's plan within the budget, None where no quick plan fits.
+    Counts are taken in turn while each plan's predicted step (compute and stalls) is
+    ``FASTER_SPLIT_GAIN`` below the one before, up to the first whose overhead is at most
+    ``FASTER_SPLIT_OVERHEAD`` (little recomputation left for more chunks to save). The rule of both
+    lowerings: the eager backend and the Inductor partitioner."""
+    best, chosen = baseline, None
+    for k in factors:
+        result = plan_for(k)
+        if result is None:
+            continue
+        plan = result[-1]
+        if plan.simulation.step_seconds >= best.simulation.step_seconds * (1 - FASTER_SPLIT_GAIN):
+            break
+        plan.info["chosen by"] = (
+            f"auto: split into {k} chunks, predicted {plan.step_overhead:+.1%} against the {label} "
+            f"plan's {baseline.step_overhead:+.1%} (its own store-all compute each)")
+        best, chosen = plan, (k, result)
+        if plan.step_overhead <= FASTER_SPLIT_OVERHEAD:
+            break
+    return chosen
+
+
 def split_info(chunks: int, sites: list[Site]) -> dict:
     """What a plan of a split step records in ``plan.info["split"]``."""
     return {"chunks": chunks, "sites": [site.describe() for site in sites]}
@@ -624,4 +650,4 @@ def _order(nodes: list[fx.Node], sites: list[Site], forward: set[fx.Node]):
     return order if len(order) == len(first) else None
 
 
-__all__ = ["Site", "SPLIT_FACTORS", "SPLIT_FIRST_SOLVER", "find_sites", "split_info", "split_joint"]
+__all__ = ["Site", "SPLIT_FACTORS", "SPLIT_FIRST_SOLVER", "faster_chunks", "find_sites", "split_info", "split_joint"]

@@ -264,17 +264,16 @@ def _addmm(node, state_of):
     return None
 
 
-def _batch_wise(node, state_of):
-    """An op independent over dim 0 of every tensor it reads and makes (a batched matmul, a
-    convolution's or pooling's batch): every input split by rows of one
-    dim, alike; weights (``whole``) allowed where ``_WHOLE_ARGS`` names them."""
-    whole_at = _WHOLE_ARGS.get(node.target, ())
+def _rows_alike(node, state_of, read_whole: Callable[[int], bool]) -> State | None:
+    """The one ``rows`` state (over dim 0) in which ``node`` reads every positional tensor argument but
+    those at the positions ``read_whole`` names, which must be ``whole``; None where the arguments do
+    not split so, or a tensor is passed by keyword."""
     state = None
     for i, arg in enumerate(node.args):
         if not isinstance(val(arg), torch.Tensor):
             continue
-        s = state_of(arg, whole=i in whole_at)
-        if i in whole_at:
+        s = state_of(arg, whole=read_whole(i))
+        if read_whole(i):
             if s != WHOLE:
                 return None
             continue
@@ -282,6 +281,17 @@ def _batch_wise(node, state_of):
             return None
         state = s
     if state is None or any(isinstance(val(v), torch.Tensor) for v in node.kwargs.values()):
+        return None
+    return state
+
+
+def _batch_wise(node, state_of):
+    """An op independent over dim 0 of every tensor it reads and makes (a batched matmul, a
+    convolution's or pooling's batch): every input split by rows of one
+    dim, alike; weights (``whole``) allowed where ``_WHOLE_ARGS`` names them."""
+    whole_at = _WHOLE_ARGS.get(node.target, ())
+    state = _rows_alike(node, state_of, lambda i: i in whole_at)
+    if state is None:
         return None
     out = val(node)
     count = len(out) if isinstance(out, (tuple, list)) else 1
@@ -471,20 +481,9 @@ def _attention(node, state_of):
     if (_argument(node, "dropout_p", 0.0) or _argument(node, "return_debug_mask", False)  # (a mask per sequence)
             or any(_argument(node, name) is not None for name in ("attn_mask", "attn_bias"))):
         return None
-    state = None
-    for arg, schema in zip(node.args, node.target._schema.arguments):
-        if not isinstance(val(arg), torch.Tensor):
-            continue
-        by_rows = schema.name in _ATTENTION_ROWS
-        s = state_of(arg, whole=not by_rows)
-        if not by_rows:
-            if s != WHOLE:
-                return None
-            continue
-        if not is_rows(s, 1) or (state is not None and s != state):
-            return None
-        state = s
-    if state is None or any(isinstance(val(v), torch.Tensor) for v in node.kwargs.values()):
+    names = [a.name for a in node.target._schema.arguments]
+    state = _rows_alike(node, state_of, lambda i: names[i] not in _ATTENTION_ROWS)
+    if state is None:
         return None
     count = len(node.target._schema.returns)
     if node.target in _ATTENTION_FORWARD:

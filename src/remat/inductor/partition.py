@@ -88,7 +88,7 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from ..budget import is_fraction
 from ..capture import capture_joint, joint_device
-from ..capture.split import (FASTER_SPLIT_GAIN, FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites,
+from ..capture.split import (FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, faster_chunks, find_sites,
                              split_info, split_joint)
 from ..capture.shapes import bucket_key, concrete_joint, guard_bucket, is_dynamic, name_bucket, refuse_unless_monotone
 from ..capture.split_sizes import SymbolicSizes, chunk_counts
@@ -312,28 +312,12 @@ class RematPartitioner(CustomPartitionerFn):
 
     def _faster_split(self, planned_gm, num_fwd_outputs, device, costs, baseline, sites, factors, budget_bytes,
                       label: str, bucket=None, key=None, sizes=None):
-        """(chunks, (capture, fused, plan)) of the step split into ``factors`` chunks in turn, planned at
-        ``budget_bytes`` (as :meth:`_quick_split_plan`), whose predicted step (compute and stalls) is
-        ``FASTER_SPLIT_GAIN`` below ``baseline``'s (the unsplit step's plan, or fewer chunks'; ``label``
-        names it): more chunks while each is that much faster than the one before and the last one's
-        overhead is above ``FASTER_SPLIT_OVERHEAD``, only where a quick plan fits (as the eager backend
-        does). None: no split plan is that much faster."""
-        best, chosen = baseline, None
-        for chunks in factors if sites else ():
-            planned = self._quick_split_plan(planned_gm, num_fwd_outputs, device, costs, sites, chunks, budget_bytes,
-                                             bucket, key, sizes)
-            if planned is None:
-                continue
-            step = planned[2].simulation.step_seconds
-            if step >= best.simulation.step_seconds * (1 - FASTER_SPLIT_GAIN):
-                break
-            planned[2].info["chosen by"] = (
-                f"auto: split into {chunks} chunks, predicted {planned[2].step_overhead:+.1%} against the "
-                f"{label} plan's {baseline.step_overhead:+.1%} (its own store-all compute each)")
-            best, chosen = planned[2], (chunks, planned)
-            if best.step_overhead <= FASTER_SPLIT_OVERHEAD:
-                break  # little recomputation left for more chunks to save
-        return chosen
+        """(chunks, (capture, fused, plan)) of the step split into one of ``factors`` chunk counts, taken
+        for speed over ``baseline`` by :func:`~remat.capture.split.faster_chunks` (``label`` names it),
+        each planned at ``budget_bytes`` as :meth:`_quick_split_plan` plans it (only where a quick plan
+        fits, as the eager backend does). None: no split plan is that much faster."""
+        return faster_chunks(baseline, factors if sites else (), lambda chunks: self._quick_split_plan(
+            planned_gm, num_fwd_outputs, device, costs, sites, chunks, budget_bytes, bucket, key, sizes), label)
 
     def _capture_and_plan(self, planned_gm, num_fwd_outputs, device, costs, bucket, key, split_step=False,
                           quick_only=False, budget_bytes: int | None = None):
