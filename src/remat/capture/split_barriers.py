@@ -107,7 +107,7 @@ def _bn_combine(emit: Emit, partials, args):
     new_mean = emit(aten.add.Tensor, emit(aten.mul.Tensor, running_mean, 1 - momentum),
                     emit(aten.mul.Tensor, mean, momentum))
     # (a bucket's smallest size has at least 2 rows under symbolic sizes: n - 1 >= 1 there)
-    unbiased = emit(aten.mul.Tensor, var, n / max(n - 1, 1) if isinstance(n, int) else _ratio(emit, n, n - 1))
+    unbiased = emit(aten.mul.Tensor, var, _ratio(emit, n, max(n - 1, 1) if isinstance(n, int) else n - 1))
     new_var = emit(aten.add.Tensor, emit(aten.mul.Tensor, running_var, 1 - momentum),
                    emit(aten.mul.Tensor, unbiased, momentum))
     return {1: mean, 2: invstd, 3: new_mean, 4: new_var}, (mean, var)
