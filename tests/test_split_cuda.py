@@ -72,8 +72,6 @@ def test_cuda_attention_kernels_split_by_sequence_and_run_as_predicted(backend, 
         measured, wrapped.plan.peak_bytes)
 
 
-@pytest.mark.skipif(torch.__version__ < "2.13", reason="torch 2.11's dynamic capture leaves a bucket's graph an input "
-                    "with a symbolic shape (CaptureError, on the CPU too); remat pins torch 2.13")
 def test_cuda_lengths_below_the_lm_heads_floor_train_with_split_buckets_in_both_lowerings():
     """A 32k vocabulary at a budget below the unsplit step's floor (as tests/test_split_sizes.py on the
     CPU): lengths of two buckets trained with SGD through ``remat.optimize`` and ``remat.compile``,

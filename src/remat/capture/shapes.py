@@ -228,7 +228,8 @@ def _sized(val, binding, mode, storages: dict):
         meta = torch.empty(0, dtype=val.dtype, device="meta")
         meta.set_(base, binding(val.storage_offset()), [binding(x) for x in val.shape],
                   [binding(x) for x in val.stride()])
-        return FakeTensor(mode, meta, val.device, requires_grad=val.requires_grad)
+        meta.requires_grad_(val.requires_grad)  # the fake tensor takes its element's (torch 2.11 has no argument for it)
+        return FakeTensor(mode, meta, val.device)
     if isinstance(val, (tuple, list)):
         return type(val)(_sized(v, binding, mode, storages) for v in val)
     if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -279,7 +280,10 @@ def concrete_joint(joint: fx.GraphModule, binding: dict) -> fx.GraphModule:
     except Exception:  # noqa: BLE001  (anything unusual: the slower, general way below)
         for old, new in zip(joint.graph.nodes, graph.nodes):
             new.meta = dict(old.meta)
-    inputs = [_concrete_input(n.meta.get("val"), binding, mode) for n in graph.find_nodes(op="placeholder")]
+    placeholders = graph.find_nodes(op="placeholder")
+    inputs = [_concrete_input(n.meta.get("val"), binding, mode) for n in placeholders]
+    for n, value in zip(placeholders, inputs):  # a size input's value too (propagation records tensors' only)
+        n.meta["val"] = value
     try:
         FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*inputs)
     except CaptureError:

@@ -59,6 +59,19 @@ class SavedByBucket(OpaqueBase):
         return values
 
 
+def _saved_meta():
+    """The ``val`` the graphs record for the saved object. torch 2.13's AOTAutograd counts any opaque
+    value saved for the backward; 2.11's only a ``FakeScriptObject`` (else it takes the object for a
+    tensor and fails its version check), so the object is wrapped in one there."""
+    from torch._functorch._aot_autograd import graph_compile
+
+    if hasattr(graph_compile, "is_opaque_node"):
+        return SavedByBucket(None, None)
+    from torch._library.fake_class_registry import FakeScriptObject
+
+    return FakeScriptObject(SavedByBucket(None, None), "SavedByBucket", None)
+
+
 def _register_opaque() -> None:
     from torch._library.opaque_object import is_opaque_type, register_opaque_type
 
@@ -193,12 +206,12 @@ def dispatching_graphs(step: BucketedStep, capture_outputs: list, primals: list,
             item.meta.update(joint_out.meta)
         outs.append(item)
     saved = fwd.call_function(operator.getitem, (call, len(capture_outputs)))
-    saved.meta["val"] = SavedByBucket(None, None)
+    saved.meta["val"] = _saved_meta()
     fwd.output(tuple(outs + [saved]))
 
     bwd = fx.Graph()
     saved_in = bwd.placeholder("saved_by_bucket")
-    saved_in.meta["val"] = SavedByBucket(None, None)
+    saved_in.meta["val"] = _saved_meta()
     tangent_ins = [bwd.node_copy(t) for t in tangents]
     call = bwd.call_function(step.backward, (saved_in, *tangent_ins))
     grads = []
