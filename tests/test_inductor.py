@@ -503,30 +503,48 @@ def test_every_test_model_measures_within_its_budget_with_inductors_gradients(na
     _assert_same_grads(ex.model, reference, rtol=1e-4, atol=1e-5)
 
 
+def _distance_from_float64(grads, exact) -> float:
+    """The worst parameter's largest gradient error against a float64 step, relative to its largest
+    gradient."""
+    return max(float((g.double() - e).abs().max() / e.abs().max()) for g, e in zip(grads, exact))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name,size", [
     ("gpt2", "tiny"),
     pytest.param("resnet", "small", marks=pytest.mark.xfail(
         strict=False, raises=InfeasibleBudgetError,
-        reason="on an H100 (torch 2.11, expandable segments) calibration measured the warmed-up step at 25.86 MB "
-               "against a plan of 19.39 MB and a budget of 19.77 MB when this test ran after others in its process, "
-               "and 19.37 MB in a process of its own (steady steps 19.37 MB, as predicted): what the other tests "
-               "leave behind is not yet found; any other failure fails the test")),
+        reason="on an H100 (torch 2.11) the plan at 0.5 varies from process to process: some measured 19.66 MB "
+               "(predicted 19.68, budget 19.77), others 25.86 MB, and calibration, lowering the budget by the "
+               "excess, found no plan; it now tries the smallest budget that plans first, not yet run on a GPU")),
 ])
 def test_compiled_plan_on_cuda_fits_its_budget_and_matches_inductors_gradients(name, size):
     """On a GPU (Triton kernels): a plan at fraction 0.5 with calibration measures within its budget
-    and near its prediction, and its gradients are those of Inductor's own unplanned step. (ResNet at
-    ``small``: at ``tiny`` its step is 170 KiB, and on an H100 the compiled step held 31 KiB more than
-    the plan, so 0.5 was refused as infeasible. At ``small`` see the xfail's reason.)"""
+    and near its prediction, and its gradients are those of Inductor's own unplanned step (GPT-2), or,
+    for the ResNet, no further from a float64 step's than eager's and Inductor's own: with TF32
+    convolutions (cuDNN's default) and BatchNorm all three are about 0.12 away from float64 in the
+    worst parameter and from each other (3.6e-3 with TF32 off), so they are compared through float64.
+    (ResNet at ``small``: at ``tiny`` its step is 170 KiB, and on an H100 the compiled step held 31 KiB
+    more than the plan, so 0.5 was refused as infeasible.)"""
     ex = zoo.build(name, size=size, device="cuda")
-    reference = copy.deepcopy(ex.model)
+    reference, eager, exact = (copy.deepcopy(ex.model) for _ in range(3))
     planned = remat.compile(ex.model, *ex.args, budget=0.5, options={"fallback_random": True},
                             example_kwargs=ex.kwargs)
     _assert_within_budget_and_near_prediction(planned, ex)
     unplanned = torch.compile(reference, dynamic=False, options={"fallback_random": True})
     _step(planned, ex)
     _step(unplanned, _with_model(ex, reference))
-    _assert_same_grads(ex.model, reference, rtol=1e-4, atol=1e-5)
+    if name == "gpt2":
+        _assert_same_grads(ex.model, reference, rtol=1e-4, atol=1e-5)
+        return
+    _step(eager, _with_model(ex, eager))
+    wide = copy.copy(_with_model(ex, exact.double()))
+    wide.args = tuple(a.double() if a.is_floating_point() else a for a in ex.args)
+    _step(exact, wide)
+    float64 = _grads(exact)
+    mine = _distance_from_float64(_grads(ex.model), float64)
+    theirs = max(_distance_from_float64(_grads(m), float64) for m in (reference, eager))
+    assert mine <= 1.5 * theirs + 1e-4, (mine, theirs)
 
 
 def test_offloading_plan_compiles_with_inductor():
@@ -750,6 +768,35 @@ def test_a_smallest_budget_measured_above_its_plan_warns(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error", MeasuredAboveBudgetWarning)
         inductor.calibrate(wrapped, None, (), {})
+
+
+def test_calibration_tries_the_smallest_budget_that_plans_before_refusing(monkeypatch):
+    """A plan measured 300 bytes above a budget of 1000; planning 305 below it finds no plan (the
+    smallest budget that plans is 800): the plan made at 800 is measured before the budget is refused,
+    and kept when it fits. (On an H100 one ResNet plan measured 6.2 MB above its prediction, and the
+    budget was refused, where a plan made in another process measured within it.)"""
+    from remat.inductor import calibration as inductor
+
+    plan = types.SimpleNamespace(peak_bytes=990, info={})
+    part = types.SimpleNamespace(last_budget_bytes=1000, options=types.SimpleNamespace(budget=1000))
+    margins = []
+    wrapped = types.SimpleNamespace(plan=plan, _remat_partitioner=part, _recompile=lambda p: None)
+    readings = iter([1300, InfeasibleBudgetError(695, 800), 950])
+
+    def measure(*_):
+        reading = next(readings)
+        if isinstance(reading, Exception):
+            raise reading
+        return reading
+
+    monkeypatch.setattr(inductor, "measured_step_peak", measure)
+    inductor.calibrate(wrapped, margins.append, (), {})
+    assert margins == [305, 200] and plan.info["measured_peak"] == 950
+    assert "smallest budget that plans, 800" in plan.info["calibration"]
+    # the plan at the smallest budget measured above too: refused, with what was tried
+    readings = iter([1300, InfeasibleBudgetError(695, 800), 1100, InfeasibleBudgetError(600, 800)])
+    with pytest.raises(InfeasibleBudgetError, match="smallest budget that plans, 800"):
+        inductor.calibrate(wrapped, margins.append, (), {})
 
 
 def test_a_dropout_mask_the_fused_graph_stores_is_stored_where_its_copy_has_one_reader():
