@@ -3,10 +3,13 @@
 ``peak_lower_bound`` must never exceed the peak of any plan the simulator accepts: checked against
 the exhaustive search's smallest feasible budget on random training graphs, against every solver's
 smallest plan on real captured graphs (Inductor's fused graph with in-place writes included), and a
-budget below it must be refused without running the solvers that search.
+budget below it must be refused without running the solvers that search. ``fixed_order_lower_bound``
+likewise for the plans that keep the graph's order (every solver's but a reordered one's).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,7 +18,7 @@ from hypothesis import strategies as st
 import remat
 from remat import models
 from remat.errors import InfeasibleBudgetError
-from remat.simulate import peak_lower_bound
+from remat.simulate import fixed_order_lower_bound, peak_lower_bound
 from remat.solvers import SOLVERS, solve
 from remat.solvers import checkmate as checkmate_module
 from remat.solvers.planner import make_plan, smallest_plan
@@ -90,3 +93,66 @@ def test_checkmates_smallest_peak_is_solved_once_per_graph(monkeypatch):
         plan = solve("checkmate", g, budget, coarsen=None)
         assert plan.peak_bytes == smallest.peak_bytes and "infeasible" in plan.info["status"]
     assert calls.count(None) == 0  # the smallest-peak MILP ran when checkmate first missed, not again
+
+
+# ------------------------------------------------------------------ the bound of plans in one order
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_no_plan_in_the_graphs_order_peaks_below_its_bound_on_random_graphs(data):
+    """The exhaustive search's plan space is the MILP's (backward nodes once, in the graph's order):
+    nothing in it fits below the fixed-order bound, which is at least the bound over every order."""
+    g = random_training_graph(data.draw, held_outputs=data.draw(st.booleans()))
+    bound = fixed_order_lower_bound(g)
+    assert peak_lower_bound(g) <= bound
+    assert cheapest_plan(g, bound - 1) is None
+    assert bound <= solve("checkmate", g, 0).peak_bytes
+    for name in ("store_all", "checkpoint_all", "chen_greedy"):
+        assert bound <= solve(name, g, None if name == "store_all" else 0).peak_bytes
+
+
+@pytest.mark.filterwarnings("ignore::remat.errors.SolverTimeLimitWarning")
+@pytest.mark.parametrize("name", ["gpt2", "mlp"])
+def test_no_solver_goes_below_its_orders_bound_on_captured_graphs(name):
+    """Every solver at two budgets: those that keep the graph's order stay at or above the
+    fixed-order bound; the reordering of store-all's computes and the hybrid (which may start from
+    that reordered plan, and then keeps its order) at or above auto's bound (the smaller of the
+    bounds in the two orders). The tiny MLP is the case that needs the second order: its reordered
+    store-all plan and the hybrid's plan from it peak 40 bytes below every plan in the graph's order."""
+    from remat.execute.transfer import make_transfer_meta
+    from remat.solvers.planner import _lower_bound
+
+    g = _graph(name)
+    with_copies = dataclasses.replace(g, meta={**g.meta, "transfer": dict(make_transfer_meta("cpu"))})
+    fixed = fixed_order_lower_bound(g)
+    anywhere = peak_lower_bound(g)
+    auto_bound = _lower_bound(with_copies, anywhere, "auto")  # a budget in the band: the order-aware bound
+    assert anywhere <= auto_bound <= fixed
+    store = solve("store_all", g, None).peak_bytes
+    for solver in sorted(SOLVERS):
+        graph = with_copies if solver in ("hybrid", "checkmate_swap") else g
+        bound = auto_bound if solver in ("reorder", "hybrid") else fixed
+        for fraction in (0, 0.6):
+            try:
+                plan = solve(solver, graph, int(fraction * store), time_limit=1)
+            except remat.RematError:  # a solver that does not apply to this graph
+                continue
+            assert plan.peak_bytes >= bound, (solver, fraction, plan.peak_bytes, bound)
+
+
+def test_a_budget_between_the_bounds_is_refused_without_searching(monkeypatch):
+    """The tiny CNN with BatchNorm: a budget at least the bound over every order, but below the bound
+    of plans in the graph's order (equal to the smallest peak there), is refused at once, naming that
+    bound as the minimum; no solver that searches runs."""
+    g = _graph("cnn_bn")
+    fixed = fixed_order_lower_bound(g)
+    assert peak_lower_bound(g) < fixed
+    searching = []
+    for name in ("checkmate", "checkmate_lp", "cpsat", "hierarchical", "keep_set", "rotor", "hybrid"):
+        monkeypatch.setitem(SOLVERS, name, lambda *a, _n=name, **k: searching.append(_n))
+    with pytest.raises(InfeasibleBudgetError) as info:
+        make_plan(g, fixed - 1)
+    assert not searching
+    err = info.value
+    assert err.lower_bound_bytes == fixed <= err.min_budget_bytes
+    monkeypatch.undo()
+    assert make_plan(g, err.min_budget_bytes).peak_bytes <= err.min_budget_bytes  # the budget it names plans

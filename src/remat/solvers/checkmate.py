@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import SolverError, SolverTimeLimitWarning
 from ..graph import Graph
 from ..plan import Plan
-from ..simulate import peak_lower_bound
+from ..simulate import fixed_order_lower_bound
 from .registry import SOLVERS, register
 from .checkmate_model import (Formulation, build, decode, schedule_from_R, set_start, solution_vector, to_highs,
                                value_roles, with_save_budget)
@@ -204,7 +204,7 @@ def solve_milp(
 
     start = time.perf_counter()
     if (budget_bytes is not None and save_budget_bytes is None
-            and (budget_bytes < peak_lower_bound(graph) or budget_bytes <= infeasible_below(graph, "checkmate"))):
+            and (budget_bytes < fixed_order_lower_bound(graph) or budget_bytes <= infeasible_below(graph, "checkmate"))):
         return _smallest_peak(graph, budget_bytes, time_limit, start, gap, threads)  # infeasible: no model to build
     if save_budget_bytes is None:
         f = build(graph, budget_bytes)

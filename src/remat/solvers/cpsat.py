@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from ..errors import SolverError, SolverTimeLimitWarning
 from ..graph import ACTIVATION, Graph
 from ..plan import Plan
-from ..simulate import COMPUTE, peak_lower_bound
+from ..simulate import COMPUTE, fixed_order_lower_bound
 from .checkmate_model import horizons, recompute_windows, value_roles
 from .registry import SOLVERS, register
 
@@ -391,7 +391,7 @@ def solve_cpsat(
 
     began = time.perf_counter()
     limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
-    if budget_bytes is not None and budget_bytes < peak_lower_bound(graph):
+    if budget_bytes is not None and budget_bytes < fixed_order_lower_bound(graph):
         if not grow_copies:
             return _baselines_smallest(graph, budget_bytes, "below the lower bound of every plan's peak")
         return _smallest_peak(graph, budget_bytes, limit, threads)

@@ -31,10 +31,14 @@ plan it chose (:func:`recomputation_plan`), and takes its plan when recomputatio
 budget or when it predicts a shorter step (compute + stalls); the minimum it names then includes
 the hybrid's smallest plan.
 
-Under ``auto`` (and a quick named solver), a budget below :func:`remat.simulate.peak_lower_bound`
-(the largest working set of one operator, or the gradients and outputs every plan ends with) is
+Under ``auto`` (and a quick named solver), a budget below a lower bound of every plan's peak is
 refused at once, without running the solvers that search (the MILP would prove the same in
-minutes on a branchy graph): the error names that bound and, as the budget to raise to, the
+minutes on a branchy graph). The bound (:func:`_lower_bound`) is one operator's working set with what
+must stay beside it: the gradients and outputs every plan ends with (in any order,
+:func:`remat.simulate.peak_lower_bound`), and, since no plan recomputes a backward operator and all
+but a reordered one keep the graph's order, the backward values made before it and read after it
+(:func:`remat.simulate.fixed_order_lower_bound`, equal to the smallest peak on five of the zoo's eight
+graphs measured). The error names that bound and, as the budget to raise to, the
 smallest peak of the quick planners (``QUICK_MINIMUM_SOLVERS``) and of the plans ``auto`` already
 knows for the graph (a named solver: its own smallest plan), and says that ``budget="min"`` finds
 the exact minimum. A named searching solver keeps its own path (the MILP skips its model below the
@@ -60,7 +64,7 @@ from ..budget import bytes_to_fraction, fixed_bytes, is_min, resolve_budget
 from ..errors import InfeasibleBudgetError, InvalidPlanError, SolverError, format_bytes
 from ..graph import Graph, forget_memos
 from ..plan import Plan
-from ..simulate import has_transfer_costs, peak_lower_bound
+from ..simulate import fixed_order_lower_bound, has_transfer_costs, peak_lower_bound
 from .registry import SOLVERS, solve
 
 AUTO_TIME_LIMIT = 30.0
@@ -184,6 +188,9 @@ def smallest_plan(graph: Graph, solver: str = "auto", *, time_limit: float | Non
     if time_limit is None:
         time_limit = AUTO_TIME_LIMIT
     plans = [store_all_plan(graph), reordered_store_all_plan(graph)]
+    quick = _smallest_of(plans + _minimum_plans(graph, QUICK_MINIMUM_SOLVERS))
+    if quick.peak_bytes <= auto_lower_bound(graph):  # proven the smallest: no solver goes below the bound
+        return quick
     first = auto_candidates(graph) + ["hierarchical"]
     for name in auto_solvers(graph):
         opts = options if name in first else {}
@@ -275,9 +282,10 @@ def _make_plan(graph: Graph, budget, solver: str, time_limit: float | None, opti
     if key in graph.memo:
         return graph.memo[key]
     fraction = budget if isinstance(budget, float) else None
-    if (budget_bytes is not None and budget_bytes < peak_lower_bound(graph)
-            and (solver == "auto" or solver in QUICK_MINIMUM_SOLVERS)):
-        raise _below_lower_bound(graph, budget_bytes, solver, fraction)
+    if budget_bytes is not None and (solver == "auto" or solver in QUICK_MINIMUM_SOLVERS):
+        bound = _lower_bound(graph, budget_bytes, solver)
+        if budget_bytes < bound:
+            raise _below_lower_bound(graph, budget_bytes, solver, fraction, bound)
     if solver == "auto":
         plan = _auto(graph, budget_bytes, AUTO_TIME_LIMIT if time_limit is None else time_limit, options, fraction)
         plan.solve_seconds = time.perf_counter() - start
@@ -439,19 +447,48 @@ def _known_plans(graph: Graph, names) -> list[Plan]:
     return [p for k, p in graph.memo.items() if k[0] == "smallest" and k[1] in names]
 
 
-def _below_lower_bound(graph: Graph, budget_bytes: int, solver: str, fraction) -> InfeasibleBudgetError:
-    """The error for a budget below :func:`peak_lower_bound`: the bound, and the smallest peak of the
-    quick planners and of the plans already known (a budget that plans), found in well under a second."""
-    bound = peak_lower_bound(graph)
+def _lower_bound(graph: Graph, budget_bytes: int, solver: str) -> int:
+    """A peak no plan of ``solver`` goes below, as far as ``budget_bytes`` needs it: the bound over
+    every order (:func:`~remat.simulate.peak_lower_bound`) where the budget is below it, else the
+    bound of plans in the graph's order (:func:`~remat.simulate.fixed_order_lower_bound`: every solver
+    keeps it) where the budget reaches that; for ``auto`` in between, the smaller of that and the
+    bound in the order of the reordered store-all plan too (:func:`auto_lower_bound`)."""
+    anywhere = peak_lower_bound(graph)
+    fixed = fixed_order_lower_bound(graph)
+    if budget_bytes < anywhere or budget_bytes >= fixed:
+        return anywhere
+    return fixed if solver != "auto" else auto_lower_bound(graph)
+
+
+def auto_lower_bound(graph: Graph) -> int:
+    """A peak no plan ``auto`` may return goes below: the bound of plans in the graph's order, or in the
+    order of the reordered store-all plan (the only other order its plans take: that plan's own, and
+    the hybrid's started from it), whichever is lower; at least the bound over every order."""
+    forward, backward = reordered_store_all_plan(graph).schedule()
+    in_graph_order = fixed_order_lower_bound(graph)
+    return max(peak_lower_bound(graph), min(in_graph_order, fixed_order_lower_bound(graph, forward + backward)))
+
+
+def _below_lower_bound(graph: Graph, budget_bytes: int, solver: str, fraction, bound: int) -> InfeasibleBudgetError:
+    """The error for a budget below ``bound`` (:func:`_lower_bound`): the bound, and the smallest peak
+    of the quick planners and of the plans already known (a budget that plans), found in well under a
+    second."""
     if solver == "auto":  # what auto itself would fall back to at the budget it names (so that budget plans)
         names = ["store_all", *auto_solvers(graph)] + (["hybrid"] if uses_swaps(graph) else [])
-        plans = [store_all_plan(graph)] + _known_plans(graph, names)
+        plans = [store_all_plan(graph), reordered_store_all_plan(graph)] + _known_plans(graph, names)
         quick = QUICK_MINIMUM_SOLVERS
     else:  # a named quick solver: its own smallest plan
         plans, quick = [], (solver,)
     smallest = _smallest_of(plans + _minimum_plans(graph, quick))
-    detail = (f"the bound is the largest working set of one operator, or the gradients and outputs every plan "
-              f"holds; the smallest budget is {smallest.solver}'s plan")
+    if solver == "auto" and budget_bytes >= peak_lower_bound(graph):  # the order-aware bound refused it:
+        for name in FAST_SOLVERS:  # the chain planners' minima, until one reaches the bound (the minimum)
+            if smallest.peak_bytes <= bound:
+                break
+            if name not in quick:
+                smallest = _smallest_of([smallest, *_minimum_plans(graph, (name,))])
+    detail = (f"the bound is one operator's working set with what must stay beside it: the gradients and "
+              f"outputs every plan holds, and in the backward the values made before it and read after it, "
+              f"which no plan recomputes; the smallest budget is {smallest.solver}'s plan")
     if smallest.peak_bytes > bound:
         detail += "; the exact minimum lies between the two (budget='min' finds it: minutes on a large branchy graph)"
     return _error(graph, budget_bytes, smallest, detail, solver, fraction, lower_bound_bytes=bound)
@@ -484,5 +521,5 @@ def _infeasible(graph: Graph, budget_bytes: int, smallest: Plan, solver: str, fr
     return _error(graph, budget_bytes, smallest, detail, solver, fraction)
 
 
-__all__ = ["make_plan", "given_plan", "resolve", "quick_minimum", "smallest_plan", "recomputation_plan", "uses_swaps", "solver_minimum", "store_all_plan", "reordered_store_all_plan", "auto_candidates",
+__all__ = ["make_plan", "given_plan", "resolve", "quick_minimum", "smallest_plan", "auto_lower_bound", "recomputation_plan", "uses_swaps", "solver_minimum", "store_all_plan", "reordered_store_all_plan", "auto_candidates",
            "auto_solvers", "clear_caches", "is_min"]
