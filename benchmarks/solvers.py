@@ -254,11 +254,11 @@ def infeasible_rows() -> list[str]:
                     answer = f"infeasible, minimum {err.min_budget_bytes / store.peak_bytes:.4f}"
                 took = time.perf_counter() - start
                 bounds = [f"{f(graph) / store.peak_bytes:.4f}" for f in (peak_lower_bound, fixed_order_lower_bound)]
-                cells.setdefault(f"`{spec[0]}` at {frac:.1%}", bounds).extend([f"{took:.2f}", answer])
+                cells.setdefault(f"`{spec[0]}` at {frac:.1%}", list(bounds)).extend([f"{took:.2f}", answer])
                 if spec[0] == "cnn_bn":
                     forget_memos()
                     smallest, took, _ = timed(lambda: smallest_plan(graph))
-                    cells.setdefault(f"`{spec[0]}`, `budget=\"min\"`", bounds).extend(
+                    cells.setdefault(f"`{spec[0]}`, `budget=\"min\"`", list(bounds)).extend(
                         [f"{took:.2f}", f"{smallest.peak_bytes / store.peak_bytes:.4f} ({smallest.solver})"])
             forget_memos()
             _, took, _ = timed(lambda: pareto_of_graph(unet, cache=False))
