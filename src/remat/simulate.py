@@ -39,7 +39,7 @@ Memory model of :func:`simulate` (bytes counted against the budget):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable
 
 from .errors import InvalidPlanError
 from .graph import ACTIVATION, BACKWARD, INPUT, TANGENT, Graph
@@ -157,28 +157,26 @@ def _peak_lower_bound(graph: Graph) -> int:
     return max(bound, fixed_bytes(graph))
 
 
-def fixed_order_lower_bound(graph: Graph, order: Sequence[int] | None = None) -> int:
-    """Bytes below which no plan that runs each backward node once, in ``order`` (a sequence of every
-    node once; default: the graph's), can peak, whatever forward values it keeps, recomputes or
-    offloads (memoised per graph and order). At least :func:`peak_lower_bound`.
+def fixed_order_lower_bound(graph: Graph) -> int:
+    """Bytes below which no plan that runs each backward node once, in the graph's order, can peak,
+    whatever forward values it keeps, recomputes or offloads (memoised per graph): the plan space of
+    the Checkmate MILP and of CP-SAT, whose stages follow the graph's order. At least
+    :func:`dependency_lower_bound`. (The chain planners run the backward in their own stage order and
+    defer gradient-only ops, and may peak below it: only :func:`dependency_lower_bound` bounds them.)
 
     Such a plan recomputes and offloads forward values only, so every value made in the backward,
     every tangent and every gradient has a fixed lifetime: from its producer (a tangent: the
     boundary) to its last reader, or to the end for a backward output. At backward node ``j`` the
     bound counts, beside ``j``'s working set (inputs, outputs, workspace) and the forward outputs the
     user holds, each such value made before ``j`` and read at or after it: Checkmate's constant term
-    of stage ``j``. Every solver keeps the graph's order except the reordering of store-all's computes
-    (:mod:`remat.solvers.reorder`) and the hybrid started from that reordered plan, which keeps its order.
-    On the zoo's graphs it equals the smallest peak found on five of eight (the CNN with BatchNorm,
-    VGG-11, DenseNet, ResNet, T5), where :func:`peak_lower_bound` is 1-38% below it."""
-    key = ("fixed_order_lower_bound", None if order is None else tuple(order))
-    return graph.memo.cached(key, lambda: _fixed_order_lower_bound(graph, order))
+    of stage ``j``."""
+    return graph.memo.cached(("fixed_order_lower_bound",), lambda: _fixed_order_lower_bound(graph))
 
 
-def _fixed_order_lower_bound(graph: Graph, order: Sequence[int] | None) -> int:
+def _fixed_order_lower_bound(graph: Graph) -> int:
     values, nodes, users = graph.values, graph.nodes, graph.users
-    order = list(range(len(nodes))) if order is None else list(order)
-    position = {nid: i for i, nid in enumerate(order)}
+    order = range(len(nodes))
+    position = order  # the graph's order: a node's position is its id
     reusable: dict[int, int] = {}
     for n, v_in, _v_out in graph.meta.get("inplace_reuse", ()):
         reusable[int(n)] = reusable.get(int(n), 0) + values[int(v_in)].bytes
@@ -209,6 +207,77 @@ def _fixed_order_lower_bound(graph: Graph, order: Sequence[int] | None) -> int:
         others = {v for v in node.inputs if values[v].kind != INPUT and v not in fixed_life and v not in held}
         here = alive + held_bytes + sum(values[v].bytes for v in others) + sum(values[v].bytes for v in node.outputs)
         bound = max(bound, here + node.workspace - reusable.get(nid, 0))
+    return max(bound, peak_lower_bound(graph))
+
+
+def dependency_lower_bound(graph: Graph) -> int:
+    """Bytes below which no plan that runs each backward node once, in *any* order its data allows,
+    can peak, whatever forward values it keeps, recomputes, offloads or reorders (memoised per graph):
+    every plan of every solver (the chain planners run a backward in their own stage order and defer
+    gradient-only ops; :mod:`remat.solvers.reorder` reorders store-all's computes). At least
+    :func:`peak_lower_bound`, at most :func:`fixed_order_lower_bound`. On the zoo's CNN with BatchNorm
+    and VGG-11 it is within 0.4% of the smallest peak found (where :func:`peak_lower_bound` is 1.3% and
+    6% below); where the chain planners defer weight gradients (an MLP) it is as weak as that bound.
+
+    As there, every value made in the backward, every tangent and every gradient has a fixed life:
+    from its producer to its last reader. At backward node ``j`` the bound counts such a value when
+    every order must have made it before ``j`` (its producer is an ancestor of ``j``; a tangent
+    arrives at the boundary) and still hold it at ``j`` (a gradient, held to the end; or a value with
+    a reader among ``j`` and its descendants), beside ``j``'s working set and the forward outputs the
+    user holds."""
+    return graph.memo.cached(("dependency_lower_bound",), lambda: _dependency_lower_bound(graph))
+
+
+def _dependency_lower_bound(graph: Graph) -> int:
+    values, nodes, users = graph.values, graph.nodes, graph.users
+    before = [0] * len(nodes)  # bit a of before[j]: node a is an ancestor of j (graph order is topological)
+    for node in nodes:
+        mask = 0
+        for v in node.inputs:
+            p = values[v].producer
+            if p is not None:
+                mask |= before[p] | (1 << p)
+        before[node.id] = mask
+    after = [0] * len(nodes)  # bit d of after[j]: node d is a descendant of j
+    for node in reversed(nodes):
+        mask = 0
+        for v in node.outputs:
+            for u in users[v]:
+                mask |= after[u] | (1 << u)
+        after[node.id] = mask
+    backward_mask = sum(1 << n.id for n in nodes if n.phase == BACKWARD)
+    reusable: dict[int, int] = {}
+    for n, v_in, _v_out in graph.meta.get("inplace_reuse", ()):
+        reusable[int(n)] = reusable.get(int(n), 0) + values[int(v_in)].bytes
+    kept = set(graph.backward_outputs)
+    held = {v for v in graph.forward_outputs if values[v].kind == ACTIVATION}
+    held_bytes = sum(values[v].bytes for v in held)
+    alive = [0] * len(nodes)
+    fixed_life: set[int] = set()
+    for v in values:
+        made_in_backward = v.kind == ACTIVATION and v.producer is not None and nodes[v.producer].phase == BACKWARD
+        if v.kind != TANGENT and not made_in_backward:
+            continue
+        fixed_life.add(v.id)
+        made_before = backward_mask if v.kind == TANGENT else after[v.producer]  # nodes that run after it is made
+        if v.id in kept:
+            where = made_before
+        else:
+            still_read = 0
+            for r in users[v.id]:
+                still_read |= before[r] | (1 << r)  # nodes that run before (or are) one of its readers
+            where = made_before & still_read
+        where &= backward_mask
+        while where:
+            low = where & -where
+            alive[low.bit_length() - 1] += v.bytes
+            where ^= low
+    bound = 0
+    for node in graph.backward_nodes:
+        others = {v for v in node.inputs if values[v].kind != INPUT and v not in fixed_life and v not in held}
+        here = alive[node.id] + held_bytes + sum(values[v].bytes for v in others)
+        here += sum(values[v].bytes for v in node.outputs)
+        bound = max(bound, here + node.workspace - reusable.get(node.id, 0))
     return max(bound, peak_lower_bound(graph))
 
 
@@ -516,4 +585,4 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
     )
 
 
-__all__ = ["Instruction", "Simulation", "simulate", "peak_lower_bound", "fixed_order_lower_bound", "fixed_bytes", "transfer_costs", "has_transfer_costs", "COMPUTE", "FREE", "OFFLOAD", "RELOAD"]
+__all__ = ["Instruction", "Simulation", "simulate", "peak_lower_bound", "fixed_order_lower_bound", "dependency_lower_bound", "fixed_bytes", "transfer_costs", "has_transfer_costs", "COMPUTE", "FREE", "OFFLOAD", "RELOAD"]

@@ -282,7 +282,7 @@ def concrete_joint(joint: fx.GraphModule, binding: dict) -> fx.GraphModule:
             new.meta = dict(old.meta)
     placeholders = graph.find_nodes(op="placeholder")
     inputs = [_concrete_input(n.meta.get("val"), binding, mode) for n in placeholders]
-    for n, value in zip(placeholders, inputs):  # a size input's value too (propagation records tensors' only)
+    for n, value in zip(placeholders, inputs):  # a size input's too: torch 2.11's propagation keeps its symbol
         n.meta["val"] = value
     try:
         FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*inputs)

@@ -91,8 +91,8 @@ def calibrate(wrapped, part_factory, args: tuple, kwargs: dict) -> None:
                 continue
             raise InfeasibleBudgetError(
                 budget_bytes, peak,
-                f"the Inductor-compiled step measured {peak} bytes, above the budget; planning below it by the "
-                f"excess found no plan ({'; '.join(history)})",
+                f"the Inductor-compiled step measured {peak} bytes, above the budget, and no plan below it is "
+                f"lower ({'; '.join(history)})",
             ) from err
         plan, part = wrapped.plan, wrapped._remat_partitioner
         budget_bytes = part.last_budget_bytes
@@ -101,6 +101,12 @@ def calibrate(wrapped, part_factory, args: tuple, kwargs: dict) -> None:
         # "min" asks for the smallest peak: the plan for it is already the smallest, nothing to lower
         smallest = is_min(part.options.budget)
         fits = budget_bytes is None or smallest or peak <= budget_bytes
+        if not fits and floor_tried:  # the smallest budget's plan measured above too: no lower plan is left
+            raise InfeasibleBudgetError(
+                budget_bytes, peak,
+                f"the Inductor-compiled step measured {peak} bytes, above the budget, also planned at the smallest "
+                f"budget that plans ({'; '.join(history)})",
+            )
         if fits or round_ == CALIBRATION_ROUNDS:
             plan.info["measured_peak"] = peak
             plan.info["calibration"] = "; ".join(history)

@@ -393,7 +393,7 @@ def solve_cpsat(
     limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
     if budget_bytes is not None and budget_bytes < fixed_order_lower_bound(graph):
         if not grow_copies:
-            return _baselines_smallest(graph, budget_bytes, "below the lower bound of every plan's peak")
+            return _baselines_smallest(graph, budget_bytes, "below the lower bound of every plan in the graph's order")
         return _smallest_peak(graph, budget_bytes, limit, threads)
     most = most_copies(graph)
     copies = most if copies is None or budget_bytes is None else min(copies, most)

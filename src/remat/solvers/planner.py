@@ -34,11 +34,11 @@ the hybrid's smallest plan.
 Under ``auto`` (and a quick named solver), a budget below a lower bound of every plan's peak is
 refused at once, without running the solvers that search (the MILP would prove the same in
 minutes on a branchy graph). The bound (:func:`_lower_bound`) is one operator's working set with what
-must stay beside it: the gradients and outputs every plan ends with (in any order,
-:func:`remat.simulate.peak_lower_bound`), and, since no plan recomputes a backward operator and all
-but a reordered one keep the graph's order, the backward values made before it and read after it
-(:func:`remat.simulate.fixed_order_lower_bound`, equal to the smallest peak on five of the zoo's eight
-graphs measured). The error names that bound and, as the budget to raise to, the
+must stay beside it: the gradients and outputs every plan ends with
+(:func:`remat.simulate.peak_lower_bound`), and, since no plan recomputes a backward operator, the
+backward values every order of the backward must hold across it
+(:func:`remat.simulate.dependency_lower_bound`: within 0.4% of the smallest peak on the zoo's CNN with
+BatchNorm and VGG-11). The error names that bound and, as the budget to raise to, the
 smallest peak of the quick planners (``QUICK_MINIMUM_SOLVERS``) and of the plans ``auto`` already
 knows for the graph (a named solver: its own smallest plan), and says that ``budget="min"`` finds
 the exact minimum. A named searching solver keeps its own path (the MILP skips its model below the
@@ -64,7 +64,7 @@ from ..budget import bytes_to_fraction, fixed_bytes, is_min, resolve_budget
 from ..errors import InfeasibleBudgetError, InvalidPlanError, SolverError, format_bytes
 from ..graph import Graph, forget_memos
 from ..plan import Plan
-from ..simulate import fixed_order_lower_bound, has_transfer_costs, peak_lower_bound
+from ..simulate import dependency_lower_bound, has_transfer_costs, peak_lower_bound
 from .registry import SOLVERS, solve
 
 AUTO_TIME_LIMIT = 30.0
@@ -189,7 +189,7 @@ def smallest_plan(graph: Graph, solver: str = "auto", *, time_limit: float | Non
         time_limit = AUTO_TIME_LIMIT
     plans = [store_all_plan(graph), reordered_store_all_plan(graph)]
     quick = _smallest_of(plans + _minimum_plans(graph, QUICK_MINIMUM_SOLVERS))
-    if quick.peak_bytes <= auto_lower_bound(graph):  # proven the smallest: no solver goes below the bound
+    if quick.peak_bytes <= dependency_lower_bound(graph):  # proven the smallest: no plan goes below the bound
         return quick
     first = auto_candidates(graph) + ["hierarchical"]
     for name in auto_solvers(graph):
@@ -448,25 +448,12 @@ def _known_plans(graph: Graph, names) -> list[Plan]:
 
 
 def _lower_bound(graph: Graph, budget_bytes: int, solver: str) -> int:
-    """A peak no plan of ``solver`` goes below, as far as ``budget_bytes`` needs it: the bound over
-    every order (:func:`~remat.simulate.peak_lower_bound`) where the budget is below it, else the
-    bound of plans in the graph's order (:func:`~remat.simulate.fixed_order_lower_bound`: every solver
-    keeps it) where the budget reaches that; for ``auto`` in between, the smaller of that and the
-    bound in the order of the reordered store-all plan too (:func:`auto_lower_bound`)."""
+    """A peak no plan of any solver goes below, as far as ``budget_bytes`` needs it: the bound over
+    every order (:func:`~remat.simulate.peak_lower_bound`, milliseconds) where the budget is below it,
+    else the bound that also counts the backward values every order must hold
+    (:func:`~remat.simulate.dependency_lower_bound`)."""
     anywhere = peak_lower_bound(graph)
-    fixed = fixed_order_lower_bound(graph)
-    if budget_bytes < anywhere or budget_bytes >= fixed:
-        return anywhere
-    return fixed if solver != "auto" else auto_lower_bound(graph)
-
-
-def auto_lower_bound(graph: Graph) -> int:
-    """A peak no plan ``auto`` may return goes below: the bound of plans in the graph's order, or in the
-    order of the reordered store-all plan (the only other order its plans take: that plan's own, and
-    the hybrid's started from it), whichever is lower; at least the bound over every order."""
-    forward, backward = reordered_store_all_plan(graph).schedule()
-    in_graph_order = fixed_order_lower_bound(graph)
-    return max(peak_lower_bound(graph), min(in_graph_order, fixed_order_lower_bound(graph, forward + backward)))
+    return anywhere if budget_bytes < anywhere else dependency_lower_bound(graph)
 
 
 def _below_lower_bound(graph: Graph, budget_bytes: int, solver: str, fraction, bound: int) -> InfeasibleBudgetError:
@@ -480,7 +467,7 @@ def _below_lower_bound(graph: Graph, budget_bytes: int, solver: str, fraction, b
     else:  # a named quick solver: its own smallest plan
         plans, quick = [], (solver,)
     smallest = _smallest_of(plans + _minimum_plans(graph, quick))
-    if solver == "auto" and budget_bytes >= peak_lower_bound(graph):  # the order-aware bound refused it:
+    if solver == "auto" and budget_bytes >= peak_lower_bound(graph):  # the dependency bound refused it:
         for name in FAST_SOLVERS:  # the chain planners' minima, until one reaches the bound (the minimum)
             if smallest.peak_bytes <= bound:
                 break
@@ -521,5 +508,5 @@ def _infeasible(graph: Graph, budget_bytes: int, smallest: Plan, solver: str, fr
     return _error(graph, budget_bytes, smallest, detail, solver, fraction)
 
 
-__all__ = ["make_plan", "given_plan", "resolve", "quick_minimum", "smallest_plan", "auto_lower_bound", "recomputation_plan", "uses_swaps", "solver_minimum", "store_all_plan", "reordered_store_all_plan", "auto_candidates",
+__all__ = ["make_plan", "given_plan", "resolve", "quick_minimum", "smallest_plan", "recomputation_plan", "uses_swaps", "solver_minimum", "store_all_plan", "reordered_store_all_plan", "auto_candidates",
            "auto_solvers", "clear_caches", "is_min"]
