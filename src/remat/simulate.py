@@ -224,7 +224,9 @@ def dependency_lower_bound(graph: Graph) -> int:
     every order must have made it before ``j`` (its producer is an ancestor of ``j``; a tangent
     arrives at the boundary) and still hold it at ``j`` (a gradient, held to the end; or a value with
     a reader among ``j`` and its descendants), beside ``j``'s working set and the forward outputs the
-    user holds."""
+    user holds. It rests on what every solver does and the simulator alone would not enforce: no plan
+    offloads a value made in the backward or leaves a backward node out (a review found simulator-valid
+    plans that do either peaking below it; held for the solvers by ``tests/test_lower_bound.py``)."""
     return graph.memo.cached(("dependency_lower_bound",), lambda: _dependency_lower_bound(graph))
 
 
