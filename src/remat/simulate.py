@@ -140,11 +140,17 @@ def peak_lower_bound(graph: Graph) -> int:
     return graph.memo.cached(("peak_lower_bound",), lambda: _peak_lower_bound(graph))
 
 
+def _reuse_credit(graph: Graph) -> dict[int, int]:
+    """``{node: the most bytes in-place writes can save it}``, as :func:`simulate` counts them."""
+    credit: dict[int, int] = {}
+    for n, v_in, _v_out in graph.meta.get("inplace_reuse", ()):
+        credit[int(n)] = credit.get(int(n), 0) + graph.values[int(v_in)].bytes
+    return credit
+
+
 def _peak_lower_bound(graph: Graph) -> int:
     values = graph.values
-    reusable: dict[int, int] = {}  # node -> the most bytes in-place writes can save it (as simulate() counts)
-    for n, v_in, _v_out in graph.meta.get("inplace_reuse", ()):
-        reusable[int(n)] = reusable.get(int(n), 0) + values[int(v_in)].bytes
+    reusable = _reuse_credit(graph)
     pinned = {v for v in graph.forward_outputs if values[v].kind == ACTIVATION}
     bound = 0
     for node in graph.nodes:
@@ -173,41 +179,47 @@ def fixed_order_lower_bound(graph: Graph) -> int:
     return graph.memo.cached(("fixed_order_lower_bound",), lambda: _fixed_order_lower_bound(graph))
 
 
+def _fixed_life(graph: Graph) -> list:
+    """The values no plan can free early or make again: tangents, and values made in the backward."""
+    nodes = graph.nodes
+    return [v for v in graph.values if v.kind == TANGENT or (
+        v.kind == ACTIVATION and v.producer is not None and nodes[v.producer].phase == BACKWARD)]
+
+
+def _backward_bound(graph: Graph, alive: list[int], held: set[int], fixed_life: set[int]) -> int:
+    """The largest, over backward nodes ``j``, of ``alive[j]`` (the fixed-life values counted at ``j``)
+    plus what ``held`` holds throughout and ``j``'s working set; at least :func:`peak_lower_bound`."""
+    values, reusable = graph.values, _reuse_credit(graph)
+    held_bytes = sum(values[v].bytes for v in held)
+    bound = 0
+    for node in graph.backward_nodes:
+        others = {v for v in node.inputs if values[v].kind != INPUT and v not in fixed_life and v not in held}
+        here = alive[node.id] + held_bytes + sum(values[v].bytes for v in others)
+        here += sum(values[v].bytes for v in node.outputs) + node.workspace - reusable.get(node.id, 0)
+        bound = max(bound, here)
+    return max(bound, peak_lower_bound(graph))
+
+
 def _fixed_order_lower_bound(graph: Graph) -> int:
     values, nodes, users = graph.values, graph.nodes, graph.users
-    order = range(len(nodes))
-    position = order  # the graph's order: a node's position is its id
-    reusable: dict[int, int] = {}
-    for n, v_in, _v_out in graph.meta.get("inplace_reuse", ()):
-        reusable[int(n)] = reusable.get(int(n), 0) + values[int(v_in)].bytes
     kept = set(graph.backward_outputs)
     # held through the whole backward: the forward outputs (the user's) and gradients made in the forward
     held = {v for v in graph.forward_outputs if values[v].kind == ACTIVATION}
     held |= {v for v in kept if values[v].kind == ACTIVATION and values[v].producer is not None
              and nodes[values[v].producer].phase != BACKWARD}
-    held_bytes = sum(values[v].bytes for v in held)
-    fixed_life: set[int] = set()
-    change = [0] * (len(order) + 2)  # bytes of fixed-lifetime values alive at each position: prefix sums
-    for v in values:
-        made_in_backward = v.kind == ACTIVATION and v.producer is not None and nodes[v.producer].phase == BACKWARD
-        if v.kind != TANGENT and not made_in_backward:
-            continue
-        fixed_life.add(v.id)
-        first = -1 if v.kind == TANGENT else position[v.producer]
-        last = len(order) if v.id in kept else max((position[u] for u in users[v.id]), default=first)
-        if last > first:  # alive at every position p with first < p <= last
+    fixed_life = _fixed_life(graph)
+    change = [0] * (len(nodes) + 2)  # bytes of fixed-life values alive at each node: prefix sums
+    for v in fixed_life:
+        first = -1 if v.kind == TANGENT else v.producer
+        last = len(nodes) if v.id in kept else max(users[v.id], default=first)
+        if last > first:  # alive at every node first < j <= last
             change[first + 1] += v.bytes
             change[last + 1] -= v.bytes
-    bound, alive = 0, 0
-    for p, nid in enumerate(order):
-        alive += change[p]
-        node = nodes[nid]
-        if node.phase != BACKWARD:
-            continue
-        others = {v for v in node.inputs if values[v].kind != INPUT and v not in fixed_life and v not in held}
-        here = alive + held_bytes + sum(values[v].bytes for v in others) + sum(values[v].bytes for v in node.outputs)
-        bound = max(bound, here + node.workspace - reusable.get(nid, 0))
-    return max(bound, peak_lower_bound(graph))
+    alive, running = [], 0
+    for j in range(len(nodes)):
+        running += change[j]
+        alive.append(running)
+    return _backward_bound(graph, alive, held, {v.id for v in fixed_life})
 
 
 def dependency_lower_bound(graph: Graph) -> int:
@@ -247,40 +259,24 @@ def _dependency_lower_bound(graph: Graph) -> int:
             for u in users[v]:
                 mask |= after[u] | (1 << u)
         after[node.id] = mask
-    backward_mask = sum(1 << n.id for n in nodes if n.phase == BACKWARD)
-    reusable: dict[int, int] = {}
-    for n, v_in, _v_out in graph.meta.get("inplace_reuse", ()):
-        reusable[int(n)] = reusable.get(int(n), 0) + values[int(v_in)].bytes
+    backward_mask = sum(1 << n.id for n in graph.backward_nodes)
     kept = set(graph.backward_outputs)
-    held = {v for v in graph.forward_outputs if values[v].kind == ACTIVATION}
-    held_bytes = sum(values[v].bytes for v in held)
     alive = [0] * len(nodes)
-    fixed_life: set[int] = set()
-    for v in values:
-        made_in_backward = v.kind == ACTIVATION and v.producer is not None and nodes[v.producer].phase == BACKWARD
-        if v.kind != TANGENT and not made_in_backward:
-            continue
-        fixed_life.add(v.id)
-        made_before = backward_mask if v.kind == TANGENT else after[v.producer]  # nodes that run after it is made
-        if v.id in kept:
-            where = made_before
-        else:
+    fixed_life = _fixed_life(graph)
+    for v in fixed_life:
+        where = backward_mask if v.kind == TANGENT else after[v.producer]  # nodes that run after it is made
+        if v.id not in kept:
             still_read = 0
             for r in users[v.id]:
                 still_read |= before[r] | (1 << r)  # nodes that run before (or are) one of its readers
-            where = made_before & still_read
+            where &= still_read
         where &= backward_mask
         while where:
             low = where & -where
             alive[low.bit_length() - 1] += v.bytes
             where ^= low
-    bound = 0
-    for node in graph.backward_nodes:
-        others = {v for v in node.inputs if values[v].kind != INPUT and v not in fixed_life and v not in held}
-        here = alive[node.id] + held_bytes + sum(values[v].bytes for v in others)
-        here += sum(values[v].bytes for v in node.outputs)
-        bound = max(bound, here + node.workspace - reusable.get(node.id, 0))
-    return max(bound, peak_lower_bound(graph))
+    held = {v for v in graph.forward_outputs if values[v].kind == ACTIVATION}
+    return _backward_bound(graph, alive, held, {v.id for v in fixed_life})
 
 
 def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -> Simulation:
