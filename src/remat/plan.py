@@ -406,13 +406,17 @@ def insert_swaps(instructions, boundary: int, offload_after=None, reload_before=
     reloads = by_index(reload_before, 0, n, "reload_before")
     result: list[Instruction] = []
     new_boundary = None
-    for gap in range(n + 1):  # gap k lies between instruction k-1 and instruction k
+    done = 0  # instructions copied so far
+    # gap k lies between instruction k-1 and instruction k; only gaps with an insertion (or the
+    # boundary) are visited, the instructions between them copied as slices
+    for gap in sorted({k + 1 for k in offloads} | set(reloads) | ({boundary} if 0 <= boundary <= n else set())):
+        result.extend(instructions[done:gap])
+        done = gap
         result.extend(Instruction(OFFLOAD, v) for v in offloads.get(gap - 1, ()))
         if gap == boundary:
             new_boundary = len(result)
         result.extend(Instruction(RELOAD, v) for v in reloads.get(gap, ()))
-        if gap < n:
-            result.append(instructions[gap])
+    result.extend(instructions[done:])
     return tuple(result), new_boundary
 
 

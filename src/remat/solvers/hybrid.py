@@ -29,13 +29,16 @@ value is then offloaded right after its last forward use and reloaded at its pos
 3. While the plan is over the budget, take the switch that lowers (peak, bytes over the budget,
    step time) most; once it fits, the switch with the least step time among those still within the
    budget, as long as it lowers the step time. Only the ``CANDIDATES`` most promising switches
-   (by a cheap estimate) are simulated per round; one whose step time cannot beat the one to beat
-   (its compute, plus its copies when they are synchronous and so all stall: then exact) is not
-   simulated at all. Within the budget the chosen switch's *alike* ones (the same kind, op, output
-   sizes and module path but for layer numbers: the same switch in the other identical layers)
-   are then taken with it, all, or the longest prefix that still fits and gains (binary search),
-   so that 64 identical layers need a round per kind of switch, not one per layer. The search
-   stops after min(``time_limit``, ``GREEDY_TIME_LIMIT``) seconds.
+   (by a cheap estimate) are simulated per round, at most ``PER_KIND`` of each kind of *alike*
+   switches (the same kind, op, output sizes and module path but for layer numbers: the same
+   switch in the other identical layers), so that a round compares different switches rather than
+   one switch in 32 layers; one whose step time cannot beat the one to beat (its compute, plus its
+   copies when they are synchronous and so all stall: then exact) is not simulated at all. The
+   chosen switch's alike ones are then taken with it: within the budget all of them, or the
+   longest prefix that still fits and gains (binary search); over it all of them, or the shortest
+   prefix that fits, or else the longest prefix that still lowers (peak, excess, step). So 64
+   identical layers need a round per kind of switch, not one per layer. The search stops after
+   min(``time_limit``, ``GREEDY_TIME_LIMIT``) seconds.
 4. After a swap is taken whose reload stalls, its reload is moved as early as the budget allows
    (binary search back from the first use), if that lowers the step time.
 5. Kicks, once the descent stops at a fitting plan: a switch that lowers the step time but
@@ -56,6 +59,7 @@ planner then reports it as this solver's minimum). Needs ``graph.meta["transfer"
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import time
 from dataclasses import dataclass
@@ -68,6 +72,7 @@ from .planner import recomputation_plan, store_all_plan
 from .registry import register, solve
 
 CANDIDATES = 32  # switches simulated per round
+PER_KIND = 2  # of which at most this many alike ones (the same switch in identical layers)
 KICKS = 8  # kicks tried from each plan the kicks reach
 DEFAULT_TIME_LIMIT = 30.0  # for the recomputation planners that make the start
 GREEDY_TIME_LIMIT = 10.0  # the greedy itself stops after min(time_limit, this)
@@ -124,10 +129,15 @@ class _Eval:
     def fits(self) -> bool:
         return self.peak <= self.budget
 
+    @functools.cached_property
+    def _key(self) -> tuple:
+        budget = self.budget
+        excess = sum(t - budget for t in self.plan.simulation.timeline if t > budget)
+        return (self.peak, excess, self.step)
+
     def key(self) -> tuple:
         """Order while over the budget: peak, then bytes over the budget summed over the timeline."""
-        excess = sum(t - self.budget for t in self.plan.simulation.timeline if t > self.budget)
-        return (self.peak, excess, self.step)
+        return self._key
 
 
 class _Search:
@@ -143,6 +153,7 @@ class _Search:
         self._schedules: dict[tuple, tuple] = {}
         self._instances: dict[tuple, dict] = {}
         self._built: dict[State, _Eval | None] = {}
+        self._alike_keys: dict[tuple[int, int], tuple] = {}  # (node, output index) -> alike key but the kind
         self.simulations = 0
 
     # ---------------------------------------------------------------- schedules
@@ -203,6 +214,24 @@ class _Search:
     def cannot_beat(self, state: State, step: float) -> bool:
         """Whether ``state``'s step time cannot be below ``step - _EPS`` (:meth:`step_floor`)."""
         return self.step_floor(state) >= step - _EPS / 2
+
+    def cannot_fit(self, ev: _Eval, state: State) -> bool:
+        """Whether ``state`` certainly peaks above the budget, judged from ``ev`` (a simulated state
+        with the same forward) without simulating it: the bytes resident when the forward ends are
+        ``ev``'s, plus the values ``state`` keeps for the backward that ``ev`` freed in the forward,
+        minus those ``ev`` kept and ``state`` frees there (the values either swaps count neither way:
+        their offload may still be copying). A *keep* or *unswap* switch within the budget usually
+        overshoots it there, and this costs a walk of the schedule instead of a simulation."""
+        boundary = ev.plan.boundary
+        if state.forward != ev.state.forward or boundary == 0:
+            return False
+        old_swapped, new_swapped = ev.state.swapped, state.swapped
+        old_held = {v for v in self.instances(ev.state.forward, ev.state.backward) if v not in old_swapped}
+        new_held = {v for v in self.instances(state.forward, state.backward) if v not in new_swapped}
+        values = self.graph.values
+        more = sum(values[v].bytes for v in new_held - old_held if v not in old_swapped)
+        less = sum(values[v].bytes for v in old_held - new_held if v not in new_swapped)
+        return ev.plan.simulation.timeline[boundary - 1] + more - less > self.budget
 
     def reload_position(self, seq, lo: int, first_use: int, nbytes: int) -> int:
         """The latest position whose compute up to ``first_use`` covers the reload copy (≥ lo);
@@ -373,7 +402,17 @@ class _Search:
                 out.append((self.copy_seconds(v), "unswap", v))
                 out.append((self.copy_seconds(v) - graph.producer(v).cost, "recompute", v))
         out.sort(key=lambda c: -c[0])
-        return out[:limit]
+        if limit is None:
+            return out
+        chosen, per_kind = [], {}
+        for c in out:
+            key = self.alike(state, c[1], c[2])
+            if per_kind.get(key, 0) < PER_KIND:
+                per_kind[key] = per_kind.get(key, 0) + 1
+                chosen.append(c)
+                if len(chosen) == limit:
+                    break
+        return chosen
 
     def apply(self, state: State, kind: str, target: int, peak_pos: int | None = None) -> State | None:
         if kind == "swap":
@@ -442,7 +481,7 @@ class _Search:
                 if time.perf_counter() >= deadline:
                     break
                 state = self.apply(cur.state, kind, target, peak_pos)
-                if state is None or (cur.fits and self.cannot_beat(state, cur.step)):
+                if state is None or (cur.fits and (self.cannot_beat(state, cur.step) or self.cannot_fit(cur, state))):
                     continue
                 trial = self.build(state)
                 if trial is None:
@@ -462,6 +501,8 @@ class _Search:
                 trial = self.prefetch(trial, target)
             if cur.fits:
                 trial = self.take_alike(cur, trial, kind, target, deadline)
+            else:
+                trial = self.take_alike_over(cur, trial, kind, target, peak_pos, deadline)
             cur = trial
             if cur.fits and (best_fit is None or cur.step < best_fit.step):
                 best_fit = cur
@@ -483,8 +524,52 @@ class _Search:
         else:
             node = self.graph.producer(target)
             out = node.outputs.index(target)
-        return (kind, node.op, _LAYER_NUMBER.sub("#", node.module), out,
-                tuple(self.graph.values[v].bytes for v in node.outputs))
+        key = self._alike_keys.get((node.id, out))
+        if key is None:
+            key = self._alike_keys[(node.id, out)] = (
+                node.op, _LAYER_NUMBER.sub("#", node.module), out, tuple(self.graph.values[v].bytes for v in node.outputs))
+        return (kind,) + key
+
+    def take_alike_over(self, before: _Eval, taken: _Eval, kind: str, target: int, peak_pos: int,
+                        deadline: float) -> _Eval:
+        """Over the budget: ``taken`` (``before`` with the switch) with its alike ones on ``before``
+        too (reloads after the same peak position): all of them when that lowers (peak, excess,
+        step) and still misses the budget; when all of them fit, the shortest prefix that fits
+        (swapping or recomputing no more than the budget needs); else the longest prefix that
+        lowers the key (binary search, a simulation per probe)."""
+        key = self.alike(before.state, kind, target)
+        others = [c for c in self.candidates(before, recompute=kind == "recompute", limit=None)
+                  if c[1] == kind and c[2] != target and self.alike(before.state, kind, c[2]) == key]
+        rest = [t for t in self._locate(before.state, taken.state, others) if t is not None]
+        if not rest or time.perf_counter() >= deadline:
+            return taken
+
+        def trial(n: int) -> _Eval | None:
+            state = self.apply_many(taken.state, kind, rest[:n], peak_pos)
+            return None if state is None else self.build(state)
+
+        whole = trial(len(rest))
+        if whole is not None and whole.fits:  # the shortest prefix that fits
+            lo, hi, best = 0, len(rest), whole
+            while hi - lo > 1 and time.perf_counter() < deadline:
+                mid = (lo + hi) // 2
+                ev = trial(mid)
+                if ev is not None and ev.fits:
+                    hi, best = mid, ev
+                else:
+                    lo = mid
+            return best
+        if whole is not None and whole.key() < taken.key():
+            return whole
+        lo, hi, best = 0, len(rest), taken  # the longest prefix that lowers the key
+        while hi - lo > 1 and time.perf_counter() < deadline:
+            mid = (lo + hi) // 2
+            ev = trial(mid)
+            if ev is not None and ev.key() < best.key():
+                lo, best = mid, ev
+            else:
+                hi = mid
+        return best
 
     def take_alike(self, before: _Eval, taken: _Eval, kind: str, target: int, deadline: float) -> _Eval:
         """``taken`` (``before`` with the switch (``kind``, ``target``)) with as many of that
@@ -513,7 +598,8 @@ class _Search:
 
     def _better(self, ref: _Eval, state: State | None, deadline: float) -> _Eval | None:
         """``state``'s evaluation when it is within the budget and faster than ``ref``."""
-        if state is None or time.perf_counter() >= deadline or self.cannot_beat(state, ref.step):
+        if (state is None or time.perf_counter() >= deadline or self.cannot_beat(state, ref.step)
+                or self.cannot_fit(ref, state)):
             return None
         ev = self.build(state)
         return ev if ev is not None and ev.fits and ev.step < ref.step - _EPS else None
@@ -533,7 +619,7 @@ class _Search:
                     found[wanted[key]] = nf + j
         return found
 
-    def apply_many(self, state: State, kind: str, targets: list[int]) -> State | None:
+    def apply_many(self, state: State, kind: str, targets: list[int], peak_pos: int | None = None) -> State | None:
         """``state`` with switch ``kind`` applied at each of ``targets`` (all on ``state``)."""
         if kind in ("keep", "drop"):
             return self.drop(state, targets, swap=kind == "drop")
@@ -541,7 +627,7 @@ class _Search:
             gone = set(targets)
             return State(state.forward, state.backward, tuple(r for r in state.reloads if r[0] not in gone))
         for target in targets:  # switches named by value: one after the other
-            state = self.apply(state, kind, target)
+            state = self.apply(state, kind, target, peak_pos)
             if state is None:
                 return None
         return state
