@@ -70,7 +70,7 @@ def child(graph_path: str, setting: str, fraction: float) -> None:
     started = time.perf_counter()
     plan = solve("hybrid", graph, budget, time_limit=30)
     print(json.dumps({"seconds": time.perf_counter() - started, "step": plan.step_seconds,
-                      "fits": plan.peak_bytes <= budget, "start": plan.info.get("start", "").split(" ")[0]}))
+                      "fits": plan.peak_bytes <= budget, "peak": plan.peak_bytes / budget, "start": plan.info.get("start", "").split(" ")[0]}))
 
 
 def run_case(src: Path, graph_path: Path, setting: str, fraction: float) -> dict:

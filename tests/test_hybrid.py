@@ -299,3 +299,97 @@ def test_the_step_floor_is_exact_for_synchronous_copies_and_a_bound_otherwise(ov
             assert floor <= ev.step + 1e-12
         else:
             assert floor == pytest.approx(ev.step, rel=1e-12, abs=1e-12)
+
+
+def test_a_round_simulates_different_switches_not_one_switch_in_many_layers():
+    """Within the budget every layer offers the same keep: a round's candidates hold at most
+    ``PER_KIND`` of each kind of alike switches, so the rest of its candidates are other switches."""
+    from remat.solvers.hybrid import PER_KIND, State, _Search
+
+    g = layered(12)
+    start = solve("checkpoint_all", g, None)
+    fwd, bwd = start.schedule()
+    search = _Search(g, solve("store_all", g, None).peak_bytes)
+    first = search.build(State(tuple(fwd), tuple(bwd), ()))
+    every = search.candidates(first, limit=None)
+    chosen = search.candidates(first)
+    kinds = [search.alike(first.state, kind, target) for _, kind, target in chosen]
+    assert len(every) > len(chosen)
+    assert max(kinds.count(k) for k in kinds) == PER_KIND
+    assert {search.alike(first.state, kind, t) for _, kind, t in every} == set(kinds)  # every kind offered
+
+
+def test_over_the_budget_alike_swaps_are_taken_together_as_far_as_the_budget_needs():
+    """From store-all's schedule over the budget, swapping each layer's saved value is the same
+    switch in every layer: one round takes the shortest prefix of them that fits, not one layer per
+    round, and no more than the budget needs."""
+    from remat.solvers.hybrid import State, _Search
+
+    g = layered(12)
+    store = solve("store_all", g, None)
+    budget = store.peak_bytes - 5 * 100  # five saved values must go
+    fwd, bwd = store.schedule()
+    search = _Search(g, budget)
+    first = search.build(State(tuple(fwd), tuple(bwd), ()))
+    assert not first.fits
+    fit, _, rounds = search.descend(first, float("inf"), recompute=False)
+    assert fit is not None and fit.peak <= budget
+    assert rounds <= 3, rounds
+    assert 5 <= len(fit.state.reloads) < 11  # the shortest prefix that fits, not every layer's
+
+
+def test_a_switch_judged_unable_to_fit_never_fits(monkeypatch, resnet_graph):
+    """``cannot_fit`` skips a switch within the budget without simulating it: checked against the
+    simulator on every switch that searches consider (from checkpoint_all's schedule of the layered
+    graph with room for a few kept values, and the hybrid on a zoo ResNet), so that the skip only
+    ever drops switches whose plan misses the budget."""
+    from remat.solvers import hybrid
+
+    judged = []
+    original = hybrid._Search.cannot_fit
+
+    def cannot_fit(self, ev, state):
+        verdict = original(self, ev, state)
+        judged.append((self, state, verdict))
+        return verdict
+
+    monkeypatch.setattr(hybrid._Search, "cannot_fit", cannot_fit)
+    for overlap in (False, True):
+        g = layered(12, overlap=overlap)
+        start = solve("checkpoint_all", g, None)
+        fwd, bwd = start.schedule()
+        search = hybrid._Search(g, start.peak_bytes + 250)  # room for two kept values
+        search.descend(search.build(hybrid.State(tuple(fwd), tuple(bwd), ())), float("inf"))
+    store = solve("store_all", resnet_graph, None).peak_bytes
+    for fraction in (0.9, 0.7):
+        clear_caches()
+        solve("hybrid", resnet_graph, int(store * fraction), time_limit=10)
+    refused = [(search, state) for search, state, verdict in judged if verdict]
+    assert refused and len(refused) < len(judged), (len(refused), len(judged))
+    for search, state in refused:
+        ev = search.build(state)
+        assert ev is None or ev.peak > search.budget
+
+
+def test_where_nothing_fits_the_smallest_plan_is_made_faster_within_its_own_peak():
+    """Below every plan's reach the answer is the plan of smallest peak; the memory its own peak
+    leaves buys time back: no slower than the descent's smallest plan, at the same peak."""
+    from remat.solvers import hybrid
+
+    g = layered(8)
+    original = hybrid._fastest_at_peak
+    seen = []
+
+    def fastest(graph, smallest, limit):
+        got = original(graph, smallest, limit)
+        seen.append((smallest, got[0]))
+        return got
+
+    hybrid._fastest_at_peak = fastest
+    try:
+        plan = solve("hybrid", g, 1)  # far below any plan
+    finally:
+        hybrid._fastest_at_peak = original
+    (smallest, chosen), = seen
+    assert plan.peak_bytes == chosen.peak <= smallest.peak
+    assert plan.step_seconds <= smallest.step + 1e-12
