@@ -131,7 +131,7 @@ def main() -> None:
                   "now / before: time | now: start |", "|---|---|---|---|---|---|---|---|---|---|"]
     else:
         lines += ["| model | copies | budget | s | step | fits | start |", "|---|---|---|---|---|---|---|"]
-    ratios, times = [], []
+    ratios, times, missed = [], [], []
     for name, setting, fraction, new, old in rows:
         fit = "" if new["fits"] else f" (misses: peak {new['peak']:.3f}x the budget)"
         if old is None:
@@ -142,6 +142,8 @@ def main() -> None:
         ratio, t = new["step"] / old["step"], new["seconds"] / old["seconds"]
         if new["fits"] and old["fits"]:
             ratios.append(ratio)
+        elif not (new["fits"] or old["fits"]):
+            missed.append((ratio, new["peak"] / old["peak"]))
         times.append(t)
         lines.append(f"| {name} | {setting} | {fraction} | {old['seconds']:.1f} | {old['step']:.5f}{ofit} | "
                      f"{new['seconds']:.1f} | {new['step']:.5f}{fit} | {ratio:.3f} | {t:.2f} | {new['start']} |")
@@ -152,6 +154,11 @@ def main() -> None:
                   f"{sum(r < 0.9999 for r in ratios)} faster, {sum(r > 1.0001 for r in ratios)} slower, worst "
                   f"{max(ratios):.3f}, best {min(ratios):.3f}); planning time now / before {tgeo:.2f} over all "
                   f"{len(times)} cases."]
+    if missed:
+        geo = math.exp(sum(math.log(r) for r, _ in missed) / len(missed))
+        lines += ["", f"Over the {len(missed)} cases where both miss (the greedy's smallest plan): peak now / before "
+                  f"{min(p for _, p in missed):.3f} to {max(p for _, p in missed):.3f}; its step now / before **{geo:.3f}** "
+                  f"(geometric mean; worst {max(r for r, _ in missed):.3f}, best {min(r for r, _ in missed):.3f})."]
     args.out.write_text("\n".join(lines) + "\n")
     print(args.out.read_text())
 

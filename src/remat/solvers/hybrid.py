@@ -51,6 +51,9 @@ value is then offloaded right after its last forward use and reloaded at its pos
 6. When no start reaches the budget (the descent stalls above it: no single switch lowers the
    peak), descend with budget 0 instead, every byte then being over it, as far as the greedy goes
    (once per graph), and, if that plan fits, refine it at the budget: the memory left buys time.
+7. When still nothing fits, the plan of smallest peak is the answer (the solver's minimum); it is
+   refined within its own peak, as if that were the budget: the descent lowered the bytes over the
+   budget all along the step, not only at the peak, and the memory under the peak buys time back.
 
 Returns the fitting plan of least step time, or, when none fits, the plan of smallest peak (the
 planner then reports it as this solver's minimum). Needs ``graph.meta["transfer"]``.
