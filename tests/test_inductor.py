@@ -58,11 +58,12 @@ def _recomputations(plan):
 
 @pytest.fixture(scope="module")
 def dropout_case():
-    """dropout_mlp planned at a budget below store-all's under Inductor with ``fallback_random`` (random ops
-    draw from torch's generator as in eager mode), and Inductor's own step of a copy, likewise."""
+    """dropout_mlp planned at its smallest budget by recomputation under Inductor with ``fallback_random``
+    (random ops draw from torch's generator as in eager mode), and Inductor's own step of a copy, likewise.
+    (``hierarchical``: ``auto``'s smallest plan here offloads a value instead of recomputing its chain.)"""
     ex = zoo.build("dropout_mlp", size="tiny")
     reference = copy.deepcopy(ex.model)
-    planned = remat.compile(ex.model, *ex.args, budget="min", options={"fallback_random": True},
+    planned = remat.compile(ex.model, *ex.args, budget="min", solver="hierarchical", options={"fallback_random": True},
                             example_kwargs=ex.kwargs)
     unplanned = torch.compile(reference, dynamic=False, options={"fallback_random": True})
     return ex, planned, reference, unplanned
