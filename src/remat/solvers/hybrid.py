@@ -28,17 +28,20 @@ value is then offloaded right after its last forward use and reloaded at its pos
 
 3. While the plan is over the budget, take the switch that lowers (peak, bytes over the budget,
    step time) most; once it fits, the switch with the least step time among those still within the
-   budget, as long as it lowers the step time. Only the ``CANDIDATES`` most promising switches
+   budget, as long as it lowers the step time (the search: :mod:`remat.solvers.hybrid_search`,
+   with its constants). Only the ``CANDIDATES`` most promising switches
    (by a cheap estimate) are simulated per round, at most ``PER_KIND`` of each kind of *alike*
    switches (the same kind, op, output sizes and module path but for layer numbers: the same
    switch in the other identical layers), so that a round compares different switches rather than
    one switch in 32 layers; one whose step time cannot beat the one to beat (its compute, plus its
-   copies when they are synchronous and so all stall: then exact) is not simulated at all. The
+   copies when they are synchronous and so all stall: then exact) is not simulated at all, nor
+   one within the budget that certainly overshoots it when the forward ends (``cannot_fit``). The
    chosen switch's alike ones are then taken with it: within the budget all of them, or the
    longest prefix that still fits and gains (binary search); over it all of them, or the shortest
-   prefix that fits, or else the longest prefix that still lowers (peak, excess, step). So 64
-   identical layers need a round per kind of switch, not one per layer. The search stops after
-   min(``time_limit``, ``GREEDY_TIME_LIMIT``) seconds.
+   prefix that fits, or else a longer prefix while it lowers (peak, excess, step) further (when
+   the switch alone fits, none). So 64 identical layers need a round per kind of switch, not one
+   per layer. The search stops after min(``time_limit``, ``GREEDY_TIME_LIMIT``) seconds (where
+   nothing fits, steps 6 and 7 take more: see there).
 4. After a swap is taken whose reload stalls, its reload is moved as early as the budget allows
    (binary search back from the first use), if that lowers the step time.
 5. Kicks, once the descent stops at a fitting plan: a switch that lowers the step time but
@@ -50,10 +53,12 @@ value is then offloaded right after its last forward use and reloaded at its pos
 
 6. When no start reaches the budget (the descent stalls above it: no single switch lowers the
    peak), descend with budget 0 instead, every byte then being over it, as far as the greedy goes
-   (once per graph), and, if that plan fits, refine it at the budget: the memory left buys time.
+   (once per graph, for up to the greedy's time limit again), and, if that plan fits, refine it at
+   the budget: the memory left buys time.
 7. When still nothing fits, the plan of smallest peak is the answer (the solver's minimum); it is
    refined within its own peak, as if that were the budget: the descent lowered the bytes over the
-   budget all along the step, not only at the peak, and the memory under the peak buys time back.
+   budget all along the step, not only at the peak, and the memory under the peak buys time back
+   (for what is left of the greedy's time, at least a quarter of its limit).
 
 Returns the fitting plan of least step time, or, when none fits, the plan of smallest peak (the
 planner then reports it as this solver's minimum). Needs ``graph.meta["transfer"]``.

@@ -164,21 +164,34 @@ class GreedySearch:
 
     def cannot_fit(self, ev: Evaluation, state: State) -> bool:
         """Whether ``state`` certainly peaks above the budget, judged from ``ev`` (a simulated state
-        with the same forward) without simulating it: the bytes resident when the forward ends are
-        ``ev``'s, plus the values ``state`` keeps for the backward that ``ev`` freed in the forward,
-        minus those ``ev`` kept and ``state`` frees there (the values either swaps count neither way:
-        their offload may still be copying). A *keep* or *unswap* switch within the budget usually
-        overshoots it there, and this costs a walk of the schedule instead of a simulation."""
+        with the same forward and the same copies in it) without simulating it: the bytes resident
+        when the forward ends are ``ev``'s, plus the values ``state`` keeps for the backward that
+        ``ev`` freed in the forward, minus those ``ev`` kept and ``state`` frees there, and the
+        random-number states of the random nodes whose replays in the backward come or go. A *keep*
+        within the budget usually overshoots it there; this costs a walk of the schedule instead of
+        a simulation.
+
+        Only where both states swap the same values and reload the same ones in the forward: a
+        swapped value's offload may still be copying when the forward ends (beside compute), one
+        copy fewer on the serial channel lands the later ones sooner, and a value reloaded in the
+        forward is resident again there."""
         boundary = ev.plan.boundary
         if state.forward != ev.state.forward or boundary == 0:
             return False
-        old_swapped, new_swapped = ev.state.swapped, state.swapped
-        old_held = {v for v in self.instances(ev.state.forward, ev.state.backward) if v not in old_swapped}
-        new_held = {v for v in self.instances(state.forward, state.backward) if v not in new_swapped}
+        nf = len(state.forward)
+        swapped = ev.state.swapped
+        if (swapped.keys() != state.swapped.keys()
+                or {r for r in ev.state.reloads if r[1] < nf} != {r for r in state.reloads if r[1] < nf}):
+            return False
+        old_held = {v for v in self.instances(ev.state.forward, ev.state.backward) if v not in swapped}
+        new_held = {v for v in self.instances(state.forward, state.backward) if v not in swapped}
         values = self.graph.values
-        more = sum(values[v].bytes for v in new_held - old_held if v not in old_swapped)
-        less = sum(values[v].bytes for v in old_held - new_held if v not in new_swapped)
-        return ev.plan.simulation.timeline[boundary - 1] + more - less > self.budget
+        change = sum(values[v].bytes for v in new_held - old_held) - sum(values[v].bytes for v in old_held - new_held)
+        rng_bytes = int(self.graph.meta.get("rng_state_bytes", 0))
+        if rng_bytes:  # a random node run again in the backward holds its generator state from its first run
+            replayed = [{nid for nid in s.backward if self.graph.nodes[nid].random} for s in (ev.state, state)]
+            change += rng_bytes * (len(replayed[1] - replayed[0]) - len(replayed[0] - replayed[1]))
+        return ev.plan.simulation.timeline[boundary - 1] + change > self.budget
 
     def reload_position(self, seq, lo: int, first_use: int, nbytes: int) -> int:
         """The latest position whose compute up to ``first_use`` covers the reload copy (≥ lo);
@@ -482,8 +495,11 @@ class GreedySearch:
         """Over the budget: ``taken`` (``before`` with the switch) with its alike ones on ``before``
         too (reloads after the same peak position): all of them when that lowers (peak, excess,
         step) and still misses the budget; when all of them fit, the shortest prefix that fits
-        (swapping or recomputing no more than the budget needs); else the longest prefix that
-        lowers the key (binary search, a simulation per probe)."""
+        (swapping or recomputing no more than the budget needs); else a binary search for a
+        longer prefix that lowers the key further (a simulation per probe). ``taken`` itself when
+        it fits already."""
+        if taken.fits:  # the switch alone reaches the budget: the descent goes on within it
+            return taken
         key = self.alike(before.state, kind, target)
         others = [c for c in self.candidates(before, recompute=kind == "recompute", limit=None)
                   if c[1] == kind and c[2] != target and self.alike(before.state, kind, c[2]) == key]
@@ -523,7 +539,7 @@ class GreedySearch:
         switch's alike ones on ``before`` (:meth:`alike`) as keep it within the budget and lower
         its step time: all of them, or else the longest prefix, in the candidates' order, that
         does (binary search, a simulation per probe). A model of 64 identical layers offers each
-        switch 64 times, and one round per switch simulated 32 candidates for each."""
+        switch 64 times: a round per layer would be 64 rounds per kind of switch."""
         key = self.alike(before.state, kind, target)
         others = [c for c in self.candidates(before, limit=None)
                   if c[1] == kind and c[2] != target and self.alike(before.state, kind, c[2]) == key]
@@ -617,4 +633,4 @@ class GreedySearch:
         return best, rounds
 
 
-__all__ = ["State", "CANDIDATES", "PER_KIND", "KICKS"]
+__all__ = ["State", "Evaluation", "GreedySearch", "CANDIDATES", "PER_KIND", "KICKS"]
