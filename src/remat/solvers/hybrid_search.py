@@ -492,6 +492,14 @@ class GreedySearch:
                 node.op, _LAYER_NUMBER.sub("#", node.module), out, tuple(self.graph.values[v].bytes for v in node.outputs))
         return (kind,) + key
 
+    def _alike_targets(self, before: Evaluation, taken: Evaluation, kind: str, target: int) -> list[int]:
+        """The targets, on ``taken``'s schedule, of the switches alike to (``kind``, ``target``) that
+        ``before`` offers (recompute switches among them over the budget only for a recompute)."""
+        key = self.alike(before.state, kind, target)
+        others = [c for c in self.candidates(before, recompute=kind == "recompute", limit=None)
+                  if c[1] == kind and c[2] != target and self.alike(before.state, kind, c[2]) == key]
+        return [t for t in self._locate(before.state, taken.state, others) if t is not None]
+
     def take_alike_over(self, before: Evaluation, taken: Evaluation, kind: str, target: int, peak_pos: int,
                         deadline: float) -> Evaluation:
         """Over the budget: ``taken`` (``before`` with the switch) with its alike ones on ``before``
@@ -502,10 +510,7 @@ class GreedySearch:
         it fits already."""
         if taken.fits:  # the switch alone reaches the budget: the descent goes on within it
             return taken
-        key = self.alike(before.state, kind, target)
-        others = [c for c in self.candidates(before, recompute=kind == "recompute", limit=None)
-                  if c[1] == kind and c[2] != target and self.alike(before.state, kind, c[2]) == key]
-        rest = [t for t in self._locate(before.state, taken.state, others) if t is not None]
+        rest = self._alike_targets(before, taken, kind, target)
         if not rest or time.perf_counter() >= deadline:
             return taken
 
@@ -542,10 +547,7 @@ class GreedySearch:
         its step time: all of them, or else the longest prefix, in the candidates' order, that
         does (binary search, a simulation per probe). A model of 64 identical layers offers each
         switch 64 times: a round per layer would be 64 rounds per kind of switch."""
-        key = self.alike(before.state, kind, target)
-        others = [c for c in self.candidates(before, limit=None)
-                  if c[1] == kind and c[2] != target and self.alike(before.state, kind, c[2]) == key]
-        rest = [t for t in self._locate(before.state, taken.state, others) if t is not None]
+        rest = self._alike_targets(before, taken, kind, target)
         if not rest:
             return taken
         whole = self._better(taken, self.apply_many(taken.state, kind, rest), deadline)
