@@ -47,6 +47,17 @@ def test_no_offload_step_time_is_compute_time():
     assert plan.simulation.stall_seconds == 0.0 and plan.simulation.offload_peak_bytes == 0
 
 
+def test_a_value_made_in_the_backward_cannot_be_offloaded():
+    g, _ = two_layers()
+    ins = list(solve("store_all", g, None).instructions)
+    g2 = g.nodes[3].outputs[0]  # b2's input gradient, read by b1
+    at = next(i for i, x in enumerate(ins) if x.kind == COMPUTE and x.target == 3)
+    boundary = next(i for i, x in enumerate(ins) if x.kind == COMPUTE and g.nodes[x.target].phase == BACKWARD)
+    swapped = ins[:at + 1] + [Instruction(OFFLOAD, g2), Instruction(RELOAD, g2)] + ins[at + 1:]
+    with pytest.raises(InvalidPlanError, match="a value made in the backward cannot be offloaded"):
+        simulate(g, swapped, boundary)
+
+
 def test_offload_timing_stall_and_pending_release():
     g, (_x, _t, a1, _a2, _l) = two_layers()
     base = solve("store_all", g, None)

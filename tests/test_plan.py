@@ -78,6 +78,24 @@ def test_lost_gradient_is_invalid():
         Plan(g, tuple(ins) + (Instruction(FREE, grad),), plan.boundary)
 
 
+def test_a_plan_that_leaves_a_backward_node_out_is_invalid():
+    """Its effect (a gradient's part, an optimizer update) would be lost silently, and the lower bounds
+    assume every backward node runs."""
+    b = GraphBuilder("dead")
+    x, t = b.input("x", 1000), b.tangent("t", 1)
+    (a,) = b.op("f", [x], [100])
+    (loss,) = b.op("loss", [a], [1])
+    (g,) = b.op("b", [t, a], [10], phase=BACKWARD)
+    (_side,) = b.op("side", [t], [50], phase=BACKWARD)  # read by nothing
+    graph = b.build(forward_outputs=[loss], backward_outputs=[g])
+    plan = solve("store_all", graph, None)
+    side = next(n.id for n in graph.nodes if n.name == "side")
+    kept = [ins for ins in plan.instructions if ins.target != side and not
+            (ins.kind == FREE and ins.target == graph.nodes[side].outputs[0])]
+    with pytest.raises(InvalidPlanError, match="backward node.* side never run"):
+        simulate(graph, kept, plan.boundary)
+
+
 def test_from_schedule_frees_at_last_use():
     g = chain(n=3)
     plan = solve("store_all", g, None)

@@ -29,6 +29,9 @@ Memory model of :func:`simulate` (bytes counted against the budget):
   (``meta['inductor_kernels']``), where Inductor refuses the in-place write;
 * an optimizer step inside the backward (``graph.meta['optimizer_updates']``, ``[node, parameter]``
   pairs, :mod:`remat.execute.optimizer`) runs once, and no node reads its parameter after it;
+* every backward node runs (a plan that left one out would skip its effect: an optimizer update,
+  a gradient's part), and no value made in the backward is offloaded: it lives from its producer
+  to its last reader, as the lower bounds below assume (:func:`dependency_lower_bound`);
 * a random node that is computed more than once keeps a generator state
   (``graph.meta['rng_state_bytes']``) from its first run until its last replay;
 * offloaded bytes leave the budget only when their copy has finished; the offload tier
@@ -236,9 +239,8 @@ def dependency_lower_bound(graph: Graph) -> int:
     every order must have made it before ``j`` (its producer is an ancestor of ``j``; a tangent
     arrives at the boundary) and still hold it at ``j`` (a gradient, held to the end; or a value with
     a reader among ``j`` and its descendants), beside ``j``'s working set and the forward outputs the
-    user holds. It rests on what every solver does and the simulator alone would not enforce: no plan
-    offloads a value made in the backward or leaves a backward node out (a review found simulator-valid
-    plans that do either peaking below it; held for the solvers by ``tests/test_lower_bound.py``)."""
+    user holds. It rests on two rules :func:`simulate` enforces: no plan offloads a value made in the
+    backward or leaves a backward node out (plans that did either could peak below it)."""
     return graph.memo.cached(("dependency_lower_bound",), lambda: _dependency_lower_bound(graph))
 
 
@@ -279,6 +281,10 @@ def _dependency_lower_bound(graph: Graph) -> int:
     return _backward_bound(graph, alive, held, {v.id for v in fixed_life})
 
 
+def _backward_count(graph: Graph) -> int:
+    return graph.memo.cached(("backward nodes",), lambda: sum(n.phase == BACKWARD for n in graph.nodes))
+
+
 def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -> Simulation:
     """Walk the plan once; return its peak and time, or raise :class:`InvalidPlanError`.
 
@@ -313,6 +319,7 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
     no_backward_recompute = set(graph.meta.get("no_backward_recompute", ()))
     updates = {int(n): int(v) for n, v in graph.meta.get("optimizer_updates", ())}  # node -> parameter it updates
     updated: set[int] = set()
+    ran_backward: set[int] = set()  # backward nodes computed
 
     reuse_candidates: dict[int, list[tuple[int, int]]] = {}  # node -> (input, output) pairs
     for n, v_in, v_out in graph.meta.get("inplace_reuse", ()):
@@ -438,6 +445,8 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
             node = nodes[ins.target]
             if node.phase == BACKWARD and not in_backward:
                 fail(i, "a backward node cannot run before the forward ends")
+            if node.phase == BACKWARD:
+                ran_backward.add(node.id)
             if in_backward and node.id in no_backward_recompute:
                 fail(i, "it reads an input the forward mutates, so it cannot be recomputed in the backward")
             for v in node.inputs:
@@ -527,6 +536,8 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
             elif ins.kind == OFFLOAD:
                 if kind != ACTIVATION:
                     fail(i, f"only activations can be offloaded, not {'an' if kind == INPUT else 'a'} {kind}")
+                if nodes[values[v].producer].phase == BACKWARD:
+                    fail(i, "a value made in the backward cannot be offloaded: it lives from its producer to its last reader")
                 if v in offloaded:
                     fail(i, "the value is already offloaded")
                 if v not in resident:
@@ -570,6 +581,10 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
         raise InvalidPlanError(
             f"the step ends with {names} still offloaded: free (drop the host copy) or reload each offloaded value"
         )
+    if len(ran_backward) < _backward_count(graph):
+        missing = [n.name for n in nodes if n.phase == BACKWARD and n.id not in ran_backward]
+        raise InvalidPlanError(f"backward node(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} "
+                               f"never run: every backward node runs once")
     for v in graph.backward_outputs:
         if values[v].kind in (ACTIVATION, TANGENT) and v not in resident:
             raise InvalidPlanError(f"backward output {values[v].name} is not resident when the step ends")
