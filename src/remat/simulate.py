@@ -33,7 +33,8 @@ Memory model of :func:`simulate` (bytes counted against the budget):
   a gradient's part), and no value made in the backward is offloaded: it lives from its producer
   to its last reader, as the lower bounds below assume (:func:`dependency_lower_bound`);
 * a random node that is computed more than once keeps a generator state
-  (``graph.meta['rng_state_bytes']``) from its first run until its last replay;
+  (``graph.meta['rng_state_bytes']``) from its first run until its last replay, and each replay
+  holds one more while it runs (the generator's current state, put back afterwards);
 * offloaded bytes leave the budget only when their copy has finished; the offload tier
   (pinned host memory, or files on the CPU) is tracked apart (``offload_peak_bytes``), and
   the step time includes the stalls of copies compute has to wait for (see :func:`simulate`).
@@ -474,8 +475,12 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
                     else:
                         fail(i, f"output {values[v].name} is already resident")
                 out_bytes += bytes_of[v]
-            if node.random and runs[node.id] > 1 and runs_left[node.id] == runs[node.id]:
-                current += rng_bytes  # generator state kept for the replays
+            aside = 0  # a replay holds the generator's current state aside while it runs
+            if node.random and runs[node.id] > 1:
+                if runs_left[node.id] == runs[node.id]:
+                    current += rng_bytes  # generator state kept for the replays
+                else:
+                    aside = rng_bytes
             pairs = reuse_candidates.get(node.id) if reuse_candidates else None
             if pairs:  # outputs written into dying inputs
                 taken = set()
@@ -488,7 +493,7 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
                         taken.add(v_out)
                         absorbed.add(v_in)
                         out_bytes -= values[v_in].bytes
-            here = current + external + out_bytes + node.workspace
+            here = current + external + out_bytes + node.workspace + aside
             if here > peak:
                 peak, peak_index = here, i
             if in_backward and here > backward_peak:

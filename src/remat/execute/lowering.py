@@ -30,6 +30,7 @@ joint graph's FX nodes.
 
 from __future__ import annotations
 
+import collections
 import operator
 import secrets
 
@@ -60,6 +61,10 @@ class _Lowering:
         self.fwd = fx.Graph()
         self.bwd = fx.Graph()
         self.computed: set[int] = set()  # nodes run at least once so far
+        # random nodes the plan runs more than once: only their first run keeps the generator state
+        # (the simulator counts ``rng_state_bytes`` for these alone)
+        runs = collections.Counter(ins.target for ins in plan.instructions if ins.kind == COMPUTE)
+        self.replayed = {nid for nid, count in runs.items() if count > 1 and plan.graph.nodes[nid].random}
         # instruction -> input value: an ``add`` the plan's simulation let write into that input
         self.in_place = ({i: v_in for i, v_in, _v_out in plan.simulation.reused}
                          if plan.graph.meta.get("inplace_eager") and not compiled else {})
@@ -162,8 +167,8 @@ class _Lowering:
         with self.fake_mode:
             return torch.empty((), dtype=torch.int64)
 
-    def _fake_state(self, device: str):
-        n = int(self.plan.graph.meta.get("rng_state_bytes", 16))
+    def _fake_state(self, device: str, keep: bool = True):
+        n = int(self.plan.graph.meta.get("rng_state_bytes", 16)) if keep else 0
         if self.fake_mode is None:
             return None
         with self.fake_mode:
@@ -310,6 +315,8 @@ class _Lowering:
         g = self.graph
         device = self._device(op)
         state = self._rng_state_of(nid)
+        if state is None and nid not in self.replayed:  # its only run: nothing to replay
+            return g.node_copy(op, self._resolve)
         if state is None:  # first run: remember the generator state, then run as usual
             state = g.call_function(rng_state, (device,))
             state.meta["val"] = self._fake_state(device)
@@ -339,13 +346,16 @@ class _Lowering:
         outputs_val = op.meta.get("val")
         outputs_val = list(outputs_val) if isinstance(outputs_val, (tuple, list)) else [outputs_val]
         state = self._rng_state_of(nid)
-        if state is None:
+        if state is None:  # its first run: the state (a token where it is not replayed) orders the draws
             after = [self.last_state] if self.last_state is not None else []
-            run = g.call_function(torch.ops.remat.random_run.default, (device, call, tensors, after))
-            run.meta["val"] = [self._fake_state(device)] + outputs_val
+            keep = nid in self.replayed
+            run = g.call_function(torch.ops.remat.random_run.default, (device, call, tensors, after, keep))
+            run.meta["val"] = [self._fake_state(device, keep)] + outputs_val
             state = g.call_function(operator.getitem, (run, 0))
             state.meta["val"] = run.meta["val"][0]
-            self.rng[nid] = self.last_state = state
+            self.last_state = state
+            if keep:
+                self.rng[nid] = state
             return run, 1
         replay = g.call_function(torch.ops.remat.random_replay.default, (state, device, call, tensors))
         replay.meta["val"] = outputs_val

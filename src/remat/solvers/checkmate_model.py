@@ -12,7 +12,9 @@ earlier forward nodes before it. Variables (Jain et al., MLSys 2020):
   to the product; it can stay continuous because the factors are binary);
 * ``U[t,k]`` — bytes in use right after node ``k`` runs in stage ``t``, before any frees:
   ``U[t,k] = U[t,k⁻] - Σ_v M_v FREE[t,v,k⁻] + M_k R[t,k]`` from
-  ``U[t,first] = C_t + Σ_v M_v S[t,v] + M_first R[t,first]``; ``U[t,k] + W_k R[t,k] ≤ budget``.
+  ``U[t,first] = C_t + Σ_v M_v S[t,v] + M_first R[t,first]``; ``U[t,k] + W_k R[t,k] ≤ budget``
+  (``W_k``: the op's workspace, and for a replay of a random op, ``k < t``, the generator state it
+  holds aside while it runs).
 
 Constraints: ``R[t,j] ≤ R[t,i] + S[t,v]`` for every input ``v`` (made by ``i``) of ``j``, and
 ``S[t+1,v] ≤ R[t,i] + S[t,v]``. Objective: ``min Σ C_i R[t,i]``. It is the simulator's
@@ -385,6 +387,8 @@ def build(
             f.u_rows[u] = f.num_rows
             f._row(const, const, terms)  # U - (…) == const
             ws = nodes[k].workspace / scale
+            if nodes[k].random and k != t:  # a replay holds the generator's current state aside while it runs
+                ws += rng_bytes / scale
             bound = {u: 1.0} if rk is None else {u: 1.0, rk: ws}
             if f.budget_col is not None:
                 bound[f.budget_col] = -1.0

@@ -193,11 +193,16 @@ class _Builder:
             self.hold(line.own(node.id), line.own(node.id), node.workspace)
 
     def generator_states(self) -> None:
-        """A random node computed again keeps its generator state from its first run to its last replay."""
+        """A random node computed again keeps its generator state from its first run to its last replay,
+        and each replay holds the generator's current state aside while it runs."""
         cp, line = self.cp, self.line
         for i in range(self.num_forward):
             if not (self.graph.nodes[i].random and self.rng_bytes and (i, 1) in self.present):
                 continue
+            for d in range(1, self.copies):
+                if (i, d) in self.present:
+                    self.demand(cp.new_optional_fixed_size_interval_var(self.start[(i, d)], 1, self.present[(i, d)], ""),
+                                self.rng_bytes)
             last = cp.new_int_var(line.own(i), self.end_of_step, f"rng{i}")
             for d in range(1, self.copies):
                 if (i, d) in self.present:
