@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import types
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ from torch import nn
 import remat
 from remat.api import capture_and_plan
 from remat.budget import fixed_bytes, fraction_to_bytes
+from remat.capture.split import find_sites
+from remat.capture.split_choice import graded_chunks, site_chunks
 from remat.measure import measure_step
 from remat.models.small import MHABlock, SDPABlock
 from remat.simulate import peak_lower_bound
@@ -144,3 +147,81 @@ def test_remat_compile_splits_for_inductor():
     unsplit = remat.compile(copy.deepcopy(model), *args, split="off", budget=0.9, cache=False, calibrate=False)
     assert compiled.plan.info["budget_bytes"] == unsplit.plan.info["budget_bytes"]
     assert compiled.plan.peak_bytes <= compiled.plan.info["budget_bytes"]
+
+
+class TwoScales(nn.Module):
+    """A BatchNorm stem at 32 x 32, pooled to 8 x 8, then a wider BatchNorm layer: two split sites whose
+    largest values differ 4-fold."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.pool = nn.MaxPool2d(4)
+        self.wide = nn.Sequential(nn.Conv2d(8, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x, target):
+        x = self.wide(self.pool(self.stem(x)))
+        return F.cross_entropy(self.head(F.adaptive_avg_pool2d(x, 1).flatten(1)), target)
+
+
+def _two_scales():
+    torch.manual_seed(0)
+    return TwoScales(), (torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,)))
+
+
+def _sites_of(model, args):
+    _, cap = capture_and_plan(model, *args, solver="store_all", split="off", cache=False)
+    return find_sites(cap.joint, cap.num_fwd_outputs)
+
+
+def test_each_site_gets_the_fewest_chunks_of_the_largest_sites_grain():
+    sites = _sites_of(*_two_scales())
+    assert [s.rows for s in sites] == [8, 8]
+    assert site_chunks(sites, 8) == (8, 2) and site_chunks(sites, 4) == (4, 1) and site_chunks(sites, 2) == (2, 1)
+
+
+def test_per_site_counts_are_taken_only_where_predicted_no_slower():
+    sites = _sites_of(*_two_scales())
+
+    def planned(step, peak):
+        return (None, types.SimpleNamespace(simulation=types.SimpleNamespace(step_seconds=step), peak_bytes=peak))
+
+    uniform = (8, planned(1.0, 100))
+    assert graded_chunks(uniform, sites, lambda counts: planned(0.9, 100)) == ((8, 2), planned(0.9, 100))
+    assert graded_chunks(uniform, sites, lambda counts: planned(1.0, 120)) == ((8, 2), planned(1.0, 120))
+    assert graded_chunks(uniform, sites, lambda counts: planned(1.1, 90)) is uniform  # slower
+    assert graded_chunks(uniform, sites, lambda counts: None) is uniform  # no quick plan fits
+    assert graded_chunks(uniform, sites, lambda counts: planned(0.9, 120), smallest=True) is uniform  # peaks higher
+    assert graded_chunks(uniform, sites[:1], lambda counts: planned(0.5, 1)) is uniform  # one site
+
+
+def test_a_step_with_sites_in_different_chunk_counts_runs_exactly_and_as_predicted(monkeypatch):
+    """The per-site counts taken (forced here: which is faster depends on measured times), the split step
+    gives eager's gradients and running statistics, and its measured peak is the predicted one."""
+    import remat.backend as backend
+
+    def always_graded(chosen, sites, plan_for, smallest=False):
+        counts = site_chunks(sites, chosen[0])
+        return counts, plan_for(counts)
+
+    monkeypatch.setattr(backend, "graded_chunks", always_graded)
+    model, args = _two_scales()
+    store_all, unsplit = capture_and_plan(model, *args, solver="store_all", split="off", cache=False)
+    budget = fraction_to_bytes(0.5, store_all.peak_bytes, fixed_bytes(unsplit.graph))
+    assert peak_lower_bound(unsplit.graph) > budget  # splits are needed
+    eager_model = copy.deepcopy(model)
+    wrapped = remat.optimize(copy.deepcopy(model), *args, budget=0.5, cost_model="flops", cache=False)
+    split = wrapped.plan.info["split"]
+    assert split["site_chunks"] == list(site_chunks(_sites_of(model, args), split["chunks"]))
+    assert split["site_chunks"][1] < split["chunks"] and wrapped.plan.peak_bytes <= budget
+    eager_loss, eager = _grads(eager_model, *args)
+    loss, grads = _grads(wrapped, *args)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=0)
+    _close(grads, eager)
+    for (name, ours), (_, theirs) in zip(wrapped.named_buffers(), eager_model.named_buffers()):
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7, msg=lambda m: f"{name}: {m}")
+    wrapped.zero_grad(set_to_none=True)
+    measured = measure_step(lambda: wrapped(*args).backward(), setup=lambda: wrapped.zero_grad(set_to_none=True),
+                            warmup=1, repeats=1).peak_bytes
+    assert abs(measured - wrapped.plan.peak_bytes) <= 0.05 * wrapped.plan.peak_bytes, (measured, wrapped.plan.peak_bytes)

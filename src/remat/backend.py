@@ -24,8 +24,8 @@ from torch._dynamo.backends.common import aot_autograd
 from .budget import bytes_to_fraction, fixed_bytes, is_fraction, is_min
 from .capture import capture_joint, joint_device
 from .capture.shapes import is_dynamic
-from .capture.split import (FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, faster_chunks, find_sites,
-                            split_info, split_joint)
+from .capture.split import FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_info, split_joint
+from .capture.split_choice import faster_chunks, graded_chunks
 from .capture.split_sizes import SymbolicSizes, chunk_counts
 from .cost import make_cost_fn, make_workspace_fn
 from .errors import InfeasibleBudgetError, RematError, through_dynamo
@@ -110,7 +110,9 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     fits as captured, the split sites with 2, 4, 8, ... chunks: the
     fewest chunks whose quick plans fit (seconds; fewer chunks, fewer extra launches), planned by
     ``SPLIT_FIRST_SOLVER`` (else ``auto``), then more chunks weighed for speed as above where that
-    plan's overhead is above ``FASTER_SPLIT_OVERHEAD``; if no quick plan fits, each factor in full.
+    plan's overhead is above ``FASTER_SPLIT_OVERHEAD``; if no quick plan fits, each factor in full. A split chosen so, with
+    several sites, is then weighed against the same step with each site in the fewest chunks of the
+    same grain (:func:`~remat.capture.split_choice.graded_chunks`), taken where no slower.
     With ``budget="min"``, more chunks while each
     lowers the quick planners' smallest peak by ``MIN_GAIN``, then the smallest plan of that factor
     in full (kept when it beats the unsplit step's by ``MIN_GAIN``). An int: that many chunks, whatever the solver. A
@@ -169,8 +171,28 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
             planned.info["split"]["asked"] = asked
         return chunked(k), planned
 
+    def graded(result, budget):
+        """``result``, or its sites each in the fewest chunks of the same grain where no slower (split_choice)."""
+        k = result[1].info.get("split", {}).get("chunks")
+        if k is None or result[1].info["split"].get("site_chunks"):
+            return result
+
+        def plan_for(counts):  # within a budget, the quick planner only (as for speed: _faster_of)
+            try:
+                if is_min(budget):
+                    return with_chunks(counts, budget)
+                planned = plan(chunked(counts).graph, budget, SPLIT_FIRST_SOLVER)
+            except InfeasibleBudgetError:
+                return None
+            planned.info["split"] = split_info(counts, sites)
+            planned.info["chosen by"] = f"auto: {SPLIT_FIRST_SOLVER}, sites in {list(counts)} chunks (no slower)"
+            return chunked(counts), planned
+
+        return graded_chunks((k, result), sites, plan_for, smallest=is_min(budget))[1]
+
     if fitting is not None:
-        return _faster_of((captured, fitting), chunked, sites, fitting.budget_bytes, plan, factors, "unsplit")
+        return graded(_faster_of((captured, fitting), chunked, sites, fitting.budget_bytes, plan, factors, "unsplit"),
+                      fitting.budget_bytes)
     if isinstance(split, int):  # a fraction of the unsplit step's peak
         return with_chunks(split, resolve(captured.graph, budget) if is_fraction(budget) else budget)
     if is_min(budget):  # the factor from the quick planners (seconds), then one full search
@@ -183,7 +205,7 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
         unsplit = (captured, plan(captured.graph, budget))
         if chosen is None:
             return unsplit
-        candidate = with_chunks(chosen, budget)
+        candidate = graded(with_chunks(chosen, budget), budget)
         return candidate if candidate[1].peak_bytes < unsplit[1].peak_bytes * (1 - MIN_GAIN) else unsplit
     least = refused.min_budget_bytes
     # first the fewest chunks a quick plan fits (seconds); only if none does, a full search per
@@ -192,15 +214,15 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
         least = min(least, quick_minimum(chunked(k).graph))
         if least <= refused.budget_bytes:
             fewest = with_chunks(k, refused.budget_bytes)
-            if fewest[1].step_overhead <= FASTER_SPLIT_OVERHEAD:
-                return fewest
-            # more chunks leave more memory for what the plan recomputes: taken where predicted faster
-            return _faster_of(fewest, chunked, sites, refused.budget_bytes, plan, factors[i + 1:], f"{k} chunks'")
+            if fewest[1].step_overhead > FASTER_SPLIT_OVERHEAD:
+                # more chunks leave more memory for what the plan recomputes: taken where predicted faster
+                fewest = _faster_of(fewest, chunked, sites, refused.budget_bytes, plan, factors[i + 1:], f"{k} chunks'")
+            return graded(fewest, refused.budget_bytes)
     for k in factors:
         if refused.budget_bytes < peak_lower_bound(chunked(k).graph):
             continue
         try:
-            return with_chunks(k, refused.budget_bytes)
+            return graded(with_chunks(k, refused.budget_bytes), refused.budget_bytes)
         except InfeasibleBudgetError as err:
             least = min(least, err.min_budget_bytes)
     store, fixed = store_all_plan(captured.graph).peak_bytes, fixed_bytes(captured.graph)
@@ -213,7 +235,7 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
 def _faster_of(baseline, chunked, sites, budget_bytes: int, plan, factors, label: str):
     """``(capture, plan)``: ``baseline`` (a fitting plan of the step unsplit, or split into fewer
     chunks; ``label`` names it), or a split step's plan by ``SPLIT_FIRST_SOLVER`` within
-    ``budget_bytes`` taken for speed by :func:`~remat.capture.split.faster_chunks`, where the quick
+    ``budget_bytes`` taken for speed by :func:`~remat.capture.split_choice.faster_chunks`, where the quick
     planners fit the split step (a factor that needs a full search to fit is not worth one for speed)."""
     def plan_for(k):
         graph = chunked(k).graph

@@ -33,8 +33,6 @@ import heapq
 import math
 import operator
 from dataclasses import dataclass, field
-from typing import Callable
-
 import sympy
 import torch
 import torch.fx as fx
@@ -362,42 +360,23 @@ def _leading_counts(shape) -> set[int]:
     return {c for c in (math.prod(int(x) for x in shape[:lead]) for lead in range(1, len(shape))) if c >= 2}
 
 
-def faster_chunks(baseline, factors, plan_for: Callable[[int], tuple | None], label: str):
-    """``(k, plan_for(k))`` for the chunk count of ``factors`` taken for speed over ``baseline`` (a
-    plan: of the step unsplit, or split into fewer chunks; ``label`` names it), or None. ``plan_for(k)``
-    is a tuple ending with the split step's plan within the budget, None where no quick plan fits.
-    Counts are taken in turn while each plan's predicted step (compute and stalls) is
-    ``FASTER_SPLIT_GAIN`` below the one before, up to the first whose overhead is at most
-    ``FASTER_SPLIT_OVERHEAD`` (little recomputation left for more chunks to save). The rule of both
-    lowerings: the eager backend and the Inductor partitioner."""
-    best, chosen = baseline, None
-    for k in factors:
-        result = plan_for(k)
-        if result is None:
-            continue
-        plan = result[-1]
-        if plan.simulation.step_seconds >= best.simulation.step_seconds * (1 - FASTER_SPLIT_GAIN):
-            break
-        plan.info["chosen by"] = (
-            f"auto: split into {k} chunks, predicted {plan.step_overhead:+.1%} against the {label} "
-            f"plan's {baseline.step_overhead:+.1%} (its own store-all compute each)")
-        best, chosen = plan, (k, result)
-        if plan.step_overhead <= FASTER_SPLIT_OVERHEAD:
-            break
-    return chosen
+def split_info(chunks: int | tuple[int, ...], sites: list[Site]) -> dict:
+    """What a plan of a split step records in ``plan.info["split"]``: ``chunks``, the largest site's count
+    (``site_chunks``: each site's, where they differ)."""
+    if isinstance(chunks, int):
+        return {"chunks": chunks, "sites": [site.describe() for site in sites]}
+    return {"chunks": max(chunks), "site_chunks": list(chunks), "sites": [site.describe() for site in sites]}
 
 
-def split_info(chunks: int, sites: list[Site]) -> dict:
-    """What a plan of a split step records in ``plan.info["split"]``."""
-    return {"chunks": chunks, "sites": [site.describe() for site in sites]}
-
-
-def split_joint(joint: fx.GraphModule, num_fwd_outputs: int, sites: list[Site], k: int,
+def split_joint(joint: fx.GraphModule, num_fwd_outputs: int, sites: list[Site], k: int | tuple[int, ...],
                 sizes: SymbolicSizes | None = None) -> fx.GraphModule:
-    """A copy of ``joint`` with every site run in ``k`` chunks of rows (fewer when a site has fewer rows).
+    """A copy of ``joint`` with every site run in ``k`` chunks of rows (fewer when a site has fewer rows;
+    a tuple: each site's count, :func:`site_chunks`; a site of 1 is left as it is).
     ``sizes``: ``joint`` is a bucket's concrete copy of a graph with symbolic sizes (``k`` then as
     :meth:`~remat.capture.split_sizes.SymbolicSizes.allows`): chunks follow the sizes at run time."""
-    return _Rewriter(joint, num_fwd_outputs, sites, k, sizes).run()
+    counts = (k,) * len(sites) if isinstance(k, int) else tuple(k)
+    kept = [(site, c) for site, c in zip(sites, counts, strict=True) if c > 1]
+    return _Rewriter(joint, num_fwd_outputs, [site for site, _ in kept], {id(site): c for site, c in kept}, sizes).run()
 
 
 # views and expands whose size argument a rule rewrites for a chunk (``[n * per, *rest]``)
@@ -405,9 +384,9 @@ _SHAPED = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, a
 
 
 class _Rewriter:
-    def __init__(self, joint: fx.GraphModule, num_fwd_outputs: int, sites: list[Site], k: int,
+    def __init__(self, joint: fx.GraphModule, num_fwd_outputs: int, sites: list[Site], counts: dict[int, int],
                  sizes: SymbolicSizes | None = None):
-        self.joint, self.sites, self.k, self.sizes = joint, sites, k, sizes
+        self.joint, self.sites, self.counts, self.sizes = joint, sites, counts, sizes  # counts: id(site) -> k
         self.forward = _forward_nodes(joint, num_fwd_outputs)
         self.graph = fx.Graph()
         self.env: dict[fx.Node, fx.Node] = {}  # original node -> its whole value in the new graph
@@ -441,7 +420,7 @@ class _Rewriter:
         return units * Size(self.sizes.per(arg, state, site))
 
     def _bounds(self, site: Site) -> list[tuple]:
-        k = max(1, min(self.k, site.rows))
+        k = max(1, min(self.counts[id(site)], site.rows))
         return chunk_bounds(site.rows if self.sizes is None else self.sizes.units(site), k)
 
     def _input_chunk(self, site: Site, arg: fx.Node, consumer: fx.Node, c: int, bounds) -> fx.Node:
@@ -650,4 +629,4 @@ def _order(nodes: list[fx.Node], sites: list[Site], forward: set[fx.Node]):
     return order if len(order) == len(first) else None
 
 
-__all__ = ["Site", "SPLIT_FACTORS", "SPLIT_FIRST_SOLVER", "faster_chunks", "find_sites", "split_info", "split_joint"]
+__all__ = ["Site", "SPLIT_FACTORS", "SPLIT_FIRST_SOLVER", "find_sites", "split_info", "split_joint"]

@@ -1,0 +1,117 @@
+"""Each split site in its own chunk count: ``auto`` with and without per-site counts, side by side.
+
+Run: ``.venv/bin/python benchmarks/split_sites.py [--quick]`` (writes ``benchmarks/split_sites.md``).
+
+A step with several split sites (BatchNorm CNNs: the stem at full resolution, later layers at a quarter
+of the bytes or less) was split into one chunk count for all its sites. Now, once ``split="auto"`` has
+chosen a count ``k``, the same step with each site in the fewest chunks whose chunks are no larger than
+the largest site's (``remat.capture.split_choice.site_chunks``) is planned too, and taken where its
+predicted step is no slower. Here, in one process and at the same budgets (fractions of the unsplit
+step's store-all peak that no plan of the unsplit step reaches), ``auto`` plans each model twice: with
+that choice turned off (one count for all sites: the behaviour before) and on. Reported: the counts,
+the predicted peak and step, the measured peak, and the measured step time of the per-site plan against
+the one-count plan (median of the per-round ratios of alternating rounds). Where both choose the same
+plan the step is not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+
+from common import git_revision, log, machine_facts, md_header, measured_peak, mib, process_setup, time_against, HERE
+
+
+def models(quick: bool):
+    """(label, model with its loss, args): the zoo's BatchNorm CNNs whose steps have several sites."""
+    from torch import nn
+
+    from remat import models as zoo
+
+    out = []
+    for name, size in (("cnn_bn", "small"), ("unet", "tiny" if quick else "small")):
+        ex = zoo.build(name, size=size)
+
+        class WithLoss(nn.Module):
+            def __init__(self, ex=ex):
+                super().__init__()
+                self.model, self.loss = ex.model, ex.loss
+
+            def forward(self, *args):
+                return self.loss(self.model(*args))
+
+        out.append((f"{name} (`{size}`, batch {ex.args[0].shape[0]})", WithLoss(), ex.args))
+    return out
+
+
+def one_count(chosen, sites, plan_for, smallest=False):
+    """``graded_chunks`` turned off: the count ``split="auto"`` chose, for every site."""
+    return chosen
+
+
+def rows_for(label, model, args, fractions, rounds):
+    import remat
+    import remat.backend as backend
+
+    rows = []
+    graded = backend.graded_chunks
+    for fraction in fractions:
+        built = {}
+        for variant, choice in (("one count", one_count), ("per site", graded)):
+            backend.graded_chunks = choice
+            t0 = time.perf_counter()
+            try:
+                built[variant] = (remat.optimize(copy.deepcopy(model), *args, budget=fraction, cache=False),
+                                  time.perf_counter() - t0)
+            except remat.InfeasibleBudgetError as err:
+                log(f"{label} at {fraction}: {variant}: infeasible ({err.min_budget_bytes} bytes)")
+            finally:
+                backend.graded_chunks = graded
+        if len(built) < 2:
+            rows.append(f"| {label} | {fraction} | infeasible | | | | |")
+            continue
+        cells, steps = [], {}
+        for variant, (wrapped, seconds) in built.items():
+            split = wrapped.plan.info.get("split", {})
+            counts = split.get("site_chunks") or [split.get("chunks", 1)] * len(split.get("sites", [None]))
+            peak = measured_peak(wrapped, lambda w=wrapped: w(*args).backward())
+            cells.append(f"{counts}, {mib(wrapped.plan.peak_bytes)} / {mib(peak)} MiB, "
+                         f"{wrapped.plan.simulation.step_seconds * 1e3:.0f} ms, {seconds:.0f} s")
+            steps[variant] = wrapped
+        one, per = steps["one count"], steps["per site"]
+        if one.plan.info.get("split") == per.plan.info.get("split"):
+            ratio = "same plan"
+        else:
+            _, _, ratios = time_against((one, lambda: one(*args).backward()),
+                                        {"per": (per, lambda: per(*args).backward())}, rounds=rounds)
+            ratio = f"**{ratios['per']:.3f}**"
+        rows.append(f"| {label} | {fraction} | {cells[0]} | {cells[1]} | {ratio} |")
+        log(rows[-1])
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    a = parser.parse_args()
+    process_setup()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    rows = md_header(["model", "budget (fraction)", "one count: chunks per site, predicted / measured peak, "
+                      "predicted step, plan time", "per site: the same", "measured step, per site / one count"])
+    for label, model, args in models(a.quick):
+        rows += rows_for(label, model, args, (0.3,) if a.quick else (0.3, 0.4), rounds=3 if a.quick else 5)
+    text = "\n".join([
+        "# Split sites in their own chunk counts", "",
+        f"`benchmarks/split_sites.py {' '.join(sys.argv[1:])}` at {git_revision()}, {started}; {machine_facts()}.",
+        "", "`auto`, `split=\"auto\"`, `profile` costs; budgets are fractions of the unsplit step's store-all "
+        "peak below what its plans reach, so every plan here splits. Chunks per site: the largest site first.", "",
+        *rows, ""])
+    if not a.quick:
+        (HERE / "split_sites.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
