@@ -26,6 +26,8 @@ def site_chunks(sites: list[Site], k: int) -> tuple[int, ...]:
     """Each site's chunk count when the largest site (the first) runs in ``k`` chunks: the fewest of
     ``k, k/2, k/4, ..., 1`` that keep the site's chunks of its seed no larger than the largest site's
     (fewer, larger chunks: fewer launches, the same grain of memory). 1: the site is left whole."""
+    if not sites:
+        return ()
     grain = _seed_bytes(sites[0]) / k
     counts = []
     for site in sites:

@@ -197,7 +197,8 @@ def smallest_plan(graph: Graph, solver: str = "auto", *, time_limit: float | Non
     for name in auto_solvers(graph):
         opts = options if name in first else {}
         if (thorough and name != "cpsat") or name in FAST_SOLVERS:  # the MILP finds the same minimum
-            plans.append(solver_minimum(graph, name, time_limit=time_limit, **opts))
+            limit = min(time_limit, AUTO_KEEP_SET_SECONDS) if name == "keep_set" else time_limit
+            plans.append(solver_minimum(graph, name, time_limit=limit, **opts))
         else:  # the MILP's smallest plan seen (its minimum when it missed a budget)
             plans.append(graph.memo.get(_smallest_key(name, opts)))
     if swaps and uses_swaps(graph):
