@@ -6,8 +6,8 @@ A step with several split sites (BatchNorm CNNs: the stem at full resolution, la
 of the bytes or less) was split into one chunk count for all its sites. Now, once ``split="auto"`` has
 chosen a count ``k``, the same step with each site in the fewest chunks whose chunks are no larger than
 the largest site's (``remat.capture.split_choice.site_chunks``) is planned too, and taken where its
-predicted step is no slower. Here, in one process and at the same budgets (fractions of the unsplit
-step's store-all peak that no plan of the unsplit step reaches), ``auto`` plans each model twice: with
+predicted step is no slower. Here, in one process and at the same budgets (the smallest, and fractions
+of the unsplit step's store-all peak that no plan of the unsplit step reaches), ``auto`` plans each model twice: with
 that choice turned off (one count for all sites: the behaviour before) and on. Reported: the counts,
 the predicted peak and step, the measured peak, and the measured step time of the per-site plan against
 the one-count plan (median of the per-round ratios of alternating rounds). Where both choose the same
@@ -71,7 +71,7 @@ def rows_for(label, model, args, fractions, rounds):
             finally:
                 backend.graded_chunks = graded
         if len(built) < 2:
-            rows.append(f"| {label} | {fraction} | infeasible | | | | |")
+            rows.append(f"| {label} | {fraction} | infeasible | | |")
             continue
         cells, steps = [], {}
         for variant, (wrapped, seconds) in built.items():

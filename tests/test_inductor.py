@@ -99,28 +99,34 @@ def test_inductors_own_random_numbers_replay_exactly():
 
 
 def test_measured_peak_is_within_the_budget_and_near_the_prediction(dropout_case):
+    """A plan that replays a random op: its first run keeps the generator state, and the replay holds
+    the current one aside while it runs; both counted, so the measured peak is at most the prediction
+    and within 5% of it (the prediction keeps the logits the user may hold)."""
     ex, planned, _, _ = dropout_case
     plan = planned.plan
+    assert _replays_random_ops(plan)
     measured = measured_step_peak(planned, ex.args, ex.kwargs)
     recorded = plan.info["measured_peak"]  # measured by remat.compile ("min": recorded, not re-planned)
-    assert abs(recorded - plan.peak_bytes) <= max(0.05 * plan.peak_bytes, 2 * MiB)
-    assert abs(measured - plan.peak_bytes) <= max(0.05 * plan.peak_bytes, 2 * MiB)
+    assert 0.95 * plan.peak_bytes <= recorded <= plan.peak_bytes, (recorded, plan.peak_bytes)
+    assert 0.95 * plan.peak_bytes <= measured <= plan.peak_bytes, (measured, plan.peak_bytes)
 
 
-@pytest.mark.parametrize("solver, replays", [("auto", False), ("checkpoint_all", True)])
-def test_random_ops_hold_only_the_generator_states_the_plan_counts(solver, replays):
-    """Under Inductor with ``fallback_random`` a random op's first run keeps the generator state only
-    where the plan replays the op, and a replay holds the current state aside while it runs: what the
-    simulator counts. (Each first run used to keep a state, and copy it, whether replayed or not: the
-    tiny MLP measured 4.9% above its smallest plan, a 5 KiB CPU state per dropout.) The measured peak
-    is at most the prediction and within 5% of it (the prediction keeps the logits the user may hold)."""
-    ex = zoo.build("dropout_mlp", size="tiny")
-    budget = {"budget": "min"} if solver == "auto" else {}
-    planned = remat.compile(ex.model, *ex.args, solver=solver, options={"fallback_random": True}, calibrate=False,
-                            cache=False, example_kwargs=ex.kwargs, **budget)
-    plan = planned.plan
+def _replays_random_ops(plan) -> bool:
     runs = collections.Counter(ins.target for ins in plan.instructions if ins.kind == COMPUTE)
-    assert any(plan.graph.nodes[n].random and count > 1 for n, count in runs.items()) == replays
+    return any(plan.graph.nodes[n].random and count > 1 for n, count in runs.items())
+
+
+def test_random_ops_the_plan_runs_once_hold_no_generator_state():
+    """Under Inductor with ``fallback_random`` a random op's first run keeps the generator state only
+    where the plan replays the op (each first run used to keep a state, and copy it: the tiny MLP's
+    smallest plan, which replays none, measured 4.9% above its prediction, a 5 KiB CPU state per
+    dropout). The measured peak is at most the prediction and within 5% of it (the prediction keeps
+    the logits the user may hold). The replaying plan: ``test_measured_peak_is_within...``."""
+    ex = zoo.build("dropout_mlp", size="tiny")
+    planned = remat.compile(ex.model, *ex.args, budget="min", options={"fallback_random": True}, calibrate=False,
+                            cache=False, example_kwargs=ex.kwargs)
+    plan = planned.plan
+    assert not _replays_random_ops(plan)
     measured = measured_step_peak(planned, ex.args, ex.kwargs)
     assert 0.95 * plan.peak_bytes <= measured <= plan.peak_bytes, (measured, plan.peak_bytes)
 

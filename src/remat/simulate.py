@@ -282,10 +282,6 @@ def _dependency_lower_bound(graph: Graph) -> int:
     return _backward_bound(graph, alive, held, {v.id for v in fixed_life})
 
 
-def _backward_count(graph: Graph) -> int:
-    return graph.memo.cached(("backward nodes",), lambda: sum(n.phase == BACKWARD for n in graph.nodes))
-
-
 def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -> Simulation:
     """Walk the plan once; return its peak and time, or raise :class:`InvalidPlanError`.
 
@@ -586,10 +582,10 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
         raise InvalidPlanError(
             f"the step ends with {names} still offloaded: free (drop the host copy) or reload each offloaded value"
         )
-    if len(ran_backward) < _backward_count(graph):
-        missing = [n.name for n in nodes if n.phase == BACKWARD and n.id not in ran_backward]
+    if len(ran_backward) < len(graph.backward_nodes):
+        missing = [n.name for n in graph.backward_nodes if n.id not in ran_backward]
         raise InvalidPlanError(f"backward node(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} "
-                               f"never run: every backward node runs once")
+                               f"never run: every backward node must run")
     for v in graph.backward_outputs:
         if values[v].kind in (ACTIVATION, TANGENT) and v not in resident:
             raise InvalidPlanError(f"backward output {values[v].name} is not resident when the step ends")

@@ -433,7 +433,8 @@ class _Rewriter:
         state = site.reads[(consumer, arg)]
         if not state.split:
             return self.env[arg]
-        key = (arg, site.rows if self.sizes is None else self.sizes.units(site), state, c)
+        # (sites may run in different counts: chunk c of 2 is not chunk c of 8)
+        key = (arg, site.rows if self.sizes is None else self.sizes.units(site), state, len(bounds), c)
         if key not in self.slices:
             base = self.env[arg]
             if state.lead > 1:

@@ -4,15 +4,15 @@ The eager lowering calls plain Python functions (:func:`remat.execute.runtime.rn
 :func:`remat.execute.runtime.replay_random`); Inductor compiles only registered operators, so a plan
 lowered for Inductor runs every random op through two custom operators instead:
 
-* ``remat::random_run(device, call, tensors, after, keep_state) -> [state, *outputs]`` -- the op's first
-  run: read the generator state (an empty token when the plan never replays the op: ``keep_state``
+* ``remat::random_run(device, call, tensors, after, keep_state) -> [token, state, *outputs]`` -- the
+  op's first run: read the generator state (empty when the plan never replays the op: ``keep_state``
   false), then run the op (drawing from the generator as usual);
 * ``remat::random_replay(state, device, call, tensors) -> outputs`` -- a recomputation: run the op
   with the generator set to ``state``, then put the current state back.
 
 ``call`` is the op and its non-tensor arguments written as JSON (tensors by their index in
 ``tensors``), so that a compiled graph is self-contained: Inductor's on-disk caches can serve it
-in another process. ``after`` lists the state (or token) of the previous first run in the same graph: that
+in another process. ``after`` lists the (empty) token of the previous first run in the same graph: that
 data dependency keeps the generator draws in the order of the uncompiled graph, whatever order a
 compiler picks for independent kernels. The operators are opaque to the compiler (it calls them
 as they are), and they are never merged, since no two have the same arguments.
@@ -110,17 +110,17 @@ def _outputs(result) -> list[torch.Tensor]:
 def random_run(device: str, call: str, tensors: list[torch.Tensor], after: list[torch.Tensor],
                keep_state: bool = True) -> list[torch.Tensor]:
     # the generator's state is read into a new tensor (no copy of it): the only bytes the plan counts
-    # (``rng_state_bytes``, for a node it replays); an op the plan never replays keeps an empty token
+    # (``rng_state_bytes``, for a node it replays; else empty); the token, empty, orders the next first run
     state = rng_state(device) if keep_state else torch.empty(0, dtype=torch.uint8)
     op, args, kwargs = decode_call(call, tensors)
-    return [state] + _outputs(op(*args, **kwargs))
+    return [torch.empty(0, dtype=torch.uint8), state] + _outputs(op(*args, **kwargs))
 
 
 @random_run.register_fake
 def _random_run_fake(device, call, tensors, after, keep_state=True):
     op, args, kwargs = decode_call(call, tensors)
     state = torch.empty(rng_state(device).numel() if keep_state else 0, dtype=torch.uint8)
-    return [state] + _outputs(op(*args, **kwargs))
+    return [torch.empty(0, dtype=torch.uint8), state] + _outputs(op(*args, **kwargs))
 
 
 @torch.library.custom_op("remat::random_replay", mutates_args=())

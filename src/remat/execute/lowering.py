@@ -16,8 +16,9 @@ joint graph's FX nodes.
   first time the backward reads a value it did not compute, it becomes a placeholder.
 * An input mutation AOTAutograd kept in the joint graph (``copy_(primal, new)``) is written
   back once, when the forward ends, from the new value's copy current there.
-* A random op's first run is preceded by ``rng_state(device)``; every later run goes
-  through ``replay_random(state, ...)``, so it draws the same numbers.
+* A random op that the plan runs more than once has its first run preceded by ``rng_state(device)``;
+  every later run goes through ``replay_random(state, ...)``, so it draws the same numbers (an op
+  run once keeps no state).
 * ``offload(v)`` becomes ``h = stores.offload(store_id, v)`` and the copy of v is forgotten,
   so the tensor dies right after the call; ``reload(v)`` becomes ``stores.reload(store_id, h)``,
   and the first op that reads the reloaded tensor is preceded by ``stores.wait(store_id, h, t)``
@@ -92,7 +93,7 @@ class _Lowering:
         self.rng: dict[int, fx.Node] = {}  # graph node id -> its saved generator state
         self.handles: dict[int, fx.Node] = {}  # offloaded value id -> its handle
         self.unwaited: dict[int, fx.Node] = {}  # reloaded value id -> handle, until a read waits for it
-        self.last_state: fx.Node | None = None  # compiled: the latest first run's generator state
+        self.last_token: fx.Node | None = None  # compiled: the latest first run's token (orders the draws)
         self.shape_copies: dict[fx.Node, fx.Node] = {}  # size node of the joint graph -> its copy
 
     def _resolve(self, arg: fx.Node) -> fx.Node:
@@ -346,17 +347,19 @@ class _Lowering:
         outputs_val = op.meta.get("val")
         outputs_val = list(outputs_val) if isinstance(outputs_val, (tuple, list)) else [outputs_val]
         state = self._rng_state_of(nid)
-        if state is None:  # its first run: the state (a token where it is not replayed) orders the draws
-            after = [self.last_state] if self.last_state is not None else []
+        if state is None:  # its first run: its token orders the draws; its state is kept where it is replayed
+            after = [self.last_token] if self.last_token is not None else []
             keep = nid in self.replayed
             run = g.call_function(torch.ops.remat.random_run.default, (device, call, tensors, after, keep))
-            run.meta["val"] = [self._fake_state(device, keep)] + outputs_val
-            state = g.call_function(operator.getitem, (run, 0))
-            state.meta["val"] = run.meta["val"][0]
-            self.last_state = state
+            run.meta["val"] = [self._fake_state(device, False), self._fake_state(device, keep)] + outputs_val
+            token = g.call_function(operator.getitem, (run, 0))
+            token.meta["val"] = run.meta["val"][0]
+            self.last_token = token
             if keep:
+                state = g.call_function(operator.getitem, (run, 1))
+                state.meta["val"] = run.meta["val"][1]
                 self.rng[nid] = state
-            return run, 1
+            return run, 2
         replay = g.call_function(torch.ops.remat.random_replay.default, (state, device, call, tensors))
         replay.meta["val"] = outputs_val
         return replay, 0

@@ -268,6 +268,8 @@ class RematPartitioner(CustomPartitionerFn):
                 if faster is not None:
                     chunks, (capture, fused, plan) = graded_chunks(faster, sites, lambda counts: self._quick_split_plan(
                         planned_gm, num_fwd_outputs, device, costs, sites, counts, budget_bytes))
+        # the chosen plan's budget (plans weighed and not taken set it too; "min" resolves per split step)
+        self.last_budget_bytes = plan.info.get("budget_bytes", self.last_budget_bytes)
         # planned after all (split below the floor): a refusal recorded on the way is not this bucket's answer
         self.refused.pop((key, self.bucket_budget_bytes), None)
         if chunks:

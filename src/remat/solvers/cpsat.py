@@ -20,7 +20,8 @@ recomputations in graph order, then node ``t``.
   its value's bytes, each computation its workspace at its position, plus fixed intervals for what
   the plan does not choose (backward values and tangents to their last reader, forward outputs
   the user holds and gradients to the end, and a random node's generator state from its first
-  run to its last replay, as the simulator counts it -- the MILP reserves it for the whole step);
+  run to its last replay, as the simulator counts it -- the MILP reserves it for the whole step;
+  a replay also holds the generator's current state aside at its position, like a workspace);
   capacity = budget;
 * objective: ``min Σ cost(i) · present[i,d]`` (costs in integer units of ``1e-7`` of the largest).
 

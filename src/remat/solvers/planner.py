@@ -19,7 +19,7 @@ within the budget (ties: the smaller peak); solvers that do not apply to the gra
 
 When none of those meets the budget, ``auto`` learns the smallest budget each of the fast
 solvers (``FAST_SOLVERS``) meets, by solving at budget 0, where a solver returns its plan of
-smallest peak. Below the smallest of all of them (the MILP's included: when it misses a budget
+smallest peak (``budget="min"``: ``keep_set``'s too). Below the smallest of all of them (the MILP's included: when it misses a budget
 it returns its smallest-peak plan), it raises :class:`~remat.errors.InfeasibleBudgetError`
 naming that minimum, in bytes and as a fraction; otherwise it falls back to the cheapest plan
 within the budget among the fast solvers' plans at the budget and the smallest-peak plans. So
@@ -116,8 +116,9 @@ def auto_candidates(graph: Graph) -> list[str]:
 def auto_solvers(graph: Graph) -> list[str]:
     """Every solver ``auto`` may use on ``graph``: its first choices, then the fast ones."""
     names = auto_candidates(graph) + (["cpsat", "hierarchical"] if auto_candidates(graph) == ["checkmate"] else [])
-    # keep_set runs wherever the hierarchical planner does, and its smallest plan can be far below the
-    # others' (cnn_bn split into 16 chunks: 5.31 MiB, where hierarchical's and the hybrid's reach 8.76)
+    # keep_set: auto runs it at a budget wherever the hierarchical planner runs, and its smallest plan can be
+    # far below the others' (cnn_bn split into 16 chunks: 5.31 MiB, where hierarchical's and the hybrid's
+    # reach 8.76), so auto's smallest plan counts it on every graph
     return names + ["keep_set"] + [n for n in FAST_SOLVERS if n not in names]
 
 
