@@ -1,12 +1,13 @@
 """How many chunks a split step runs its sites in: the choices :mod:`remat.capture.split` leaves to the planner.
 
-Both lowerings (the eager backend and the Inductor partitioner) plan a split step for each choice and
-keep the one the simulator predicts best:
+The lowerings plan a split step for each choice and keep the one the simulator predicts best:
 
-* :func:`faster_chunks`: where the step fits, more chunks (2, 4, 8, ...) while each is predicted
-  faster (smaller chunks leave more memory, so less recomputation);
-* :func:`graded_chunks`: each site in :func:`site_chunks` instead of one count for all, where that
-  is predicted no slower.
+* :func:`faster_chunks` (the eager backend and the Inductor partitioner): where the step fits, more
+  chunks (2, 4, 8, ...) while each is predicted faster (smaller chunks leave more memory, so less
+  recomputation);
+* :func:`graded_chunks` (the eager backend; not yet the Inductor partitioner, whose split search
+  took minutes on a forced two-site test): each site in :func:`site_chunks` instead of one count
+  for all, where that is predicted no slower.
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from ..budget import is_fraction
 from ..capture import capture_joint, joint_device
 from ..capture.split import FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_info, split_joint
-from ..capture.split_choice import faster_chunks, graded_chunks
+from ..capture.split_choice import faster_chunks
 from ..capture.shapes import bucket_key, concrete_joint, guard_bucket, is_dynamic, name_bucket, refuse_unless_monotone
 from ..capture.split_sizes import SymbolicSizes, chunk_counts
 from ..cost import INDUCTOR_COST_MODEL, make_cost_fn, make_workspace_fn
@@ -255,19 +255,13 @@ class RematPartitioner(CustomPartitionerFn):
                                             unsplit_bytes, f"{chunks} chunks'", bucket, key, sizes)
                 if faster is not None:
                     chunks, (capture, fused, plan) = faster
-            chunks, (capture, fused, plan) = graded_chunks(  # each site in the fewest chunks of the same grain
-                (chunks, (capture, fused, plan)), sites, lambda counts: self._quick_split_plan(
-                    planned_gm, num_fwd_outputs, device, costs, sites, counts, unsplit_bytes, bucket, key, sizes),
-                smallest=is_min(opts.budget))
         else:
             if split == "auto" and not chunks and self._may_split_for_speed(plan, bucket):
                 sites = find_sites(planned_gm, num_fwd_outputs)
-                budget_bytes = self.last_budget_bytes
                 faster = self._faster_split(planned_gm, num_fwd_outputs, device, costs, plan, sites, SPLIT_FACTORS,
-                                            budget_bytes, "unsplit")
+                                            self.last_budget_bytes, "unsplit")
                 if faster is not None:
-                    chunks, (capture, fused, plan) = graded_chunks(faster, sites, lambda counts: self._quick_split_plan(
-                        planned_gm, num_fwd_outputs, device, costs, sites, counts, budget_bytes))
+                    chunks, (capture, fused, plan) = faster
         # the chosen plan's budget (plans weighed and not taken set it too; "min" resolves per split step)
         self.last_budget_bytes = plan.info.get("budget_bytes", self.last_budget_bytes)
         # planned after all (split below the floor): a refusal recorded on the way is not this bucket's answer
