@@ -174,19 +174,19 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     def graded(result, budget):
         """``result``, or its sites each in the fewest chunks of the same grain where no slower (split_choice)."""
         k = result[1].info.get("split", {}).get("chunks")
-        if k is None or result[1].info["split"].get("site_chunks"):
+        if k is None:  # not split
             return result
 
         def plan_for(counts):  # within a budget, the quick planner only (as for speed: _faster_of)
-            try:
-                if is_min(budget):
+            if is_min(budget):
+                try:
                     return with_chunks(counts, budget)
-                planned = plan(chunked(counts).graph, budget, SPLIT_FIRST_SOLVER)
-            except InfeasibleBudgetError:
-                return None
-            planned.info["split"] = split_info(counts, sites)
-            planned.info["chosen by"] = f"auto: {SPLIT_FIRST_SOLVER}, sites in {list(counts)} chunks (no slower)"
-            return chunked(counts), planned
+                except InfeasibleBudgetError:
+                    return None
+            found = _split_plan(chunked, plan, sites, counts, budget)
+            if found is not None:
+                found[1].info["chosen by"] = f"auto: {SPLIT_FIRST_SOLVER}, sites in {list(counts)} chunks (no slower)"
+            return found
 
         return graded_chunks((k, result), sites, plan_for, smallest=is_min(budget))[1]
 
@@ -238,20 +238,23 @@ def _faster_of(baseline, chunked, sites, budget_bytes: int, plan, factors, label
     ``budget_bytes`` taken for speed by :func:`~remat.capture.split_choice.faster_chunks`, where the quick
     planners fit the split step (a factor that needs a full search to fit is not worth one for speed)."""
     def plan_for(k):
-        graph = chunked(k).graph
-        if quick_minimum(graph) > budget_bytes:
+        if quick_minimum(chunked(k).graph) > budget_bytes:
             return None
-        try:
-            return chunked(k), plan(graph, budget_bytes, SPLIT_FIRST_SOLVER)
-        except InfeasibleBudgetError:
-            return None
+        return _split_plan(chunked, plan, sites, k, budget_bytes)
 
     found = faster_chunks(baseline[1], factors, plan_for, label)
-    if found is None:
-        return baseline
-    k, (capture, candidate) = found
-    candidate.info["split"] = split_info(k, sites)
-    return capture, candidate
+    return baseline if found is None else found[1]
+
+
+def _split_plan(chunked, plan, sites, counts, budget_bytes: int):
+    """``(capture, plan)`` of the step split into ``counts`` (an int, or each site's), planned by
+    ``SPLIT_FIRST_SOLVER`` within ``budget_bytes``, its split recorded; None where that plan cannot fit."""
+    try:
+        planned = plan(chunked(counts).graph, budget_bytes, SPLIT_FIRST_SOLVER)
+    except InfeasibleBudgetError:
+        return None
+    planned.info["split"] = split_info(counts, sites)
+    return chunked(counts), planned
 
 
 def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions, capture_id: int):

@@ -440,9 +440,9 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
             if not 0 <= ins.target < len(nodes):
                 raise InvalidPlanError(f"instruction {i}: no node with id {ins.target}")
             node = nodes[ins.target]
-            if node.phase == BACKWARD and not in_backward:
-                fail(i, "a backward node cannot run before the forward ends")
             if node.phase == BACKWARD:
+                if not in_backward:
+                    fail(i, "a backward node cannot run before the forward ends")
                 ran_backward.add(node.id)
             if in_backward and node.id in no_backward_recompute:
                 fail(i, "it reads an input the forward mutates, so it cannot be recomputed in the backward")

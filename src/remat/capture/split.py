@@ -73,6 +73,11 @@ class Site:
     reads: dict[tuple[fx.Node, fx.Node], State] = field(default_factory=dict)  # (op, outside value) -> as read
     gain: int = 0  # bytes of large values that never exist whole, less those concatenated for outside readers
 
+    @property
+    def seed_bytes(self) -> int:
+        """Bytes of the site's seed: its largest value."""
+        return _nbytes(self.seed)
+
     def describe(self) -> str:
         ops = [str(n.target).split(".")[1] for n in self.splits if not _is_view_like(n)]
         return f"{len(ops)} ops over {self.rows} rows ({', '.join(dict.fromkeys(ops))})"

@@ -15,12 +15,6 @@ from __future__ import annotations
 from typing import Callable
 
 from .split import FASTER_SPLIT_GAIN, FASTER_SPLIT_OVERHEAD, Site
-from .split_rules import val
-
-
-def _seed_bytes(site: Site) -> int:
-    v = val(site.seed)
-    return v.numel() * v.element_size()
 
 
 def site_chunks(sites: list[Site], k: int) -> tuple[int, ...]:
@@ -29,11 +23,11 @@ def site_chunks(sites: list[Site], k: int) -> tuple[int, ...]:
     (fewer, larger chunks: fewer launches, the same grain of memory). 1: the site is left whole."""
     if not sites:
         return ()
-    grain = _seed_bytes(sites[0]) / k
+    grain = sites[0].seed_bytes / k
     counts = []
     for site in sites:
         c = k
-        while c > 1 and _seed_bytes(site) / (c // 2) <= grain:
+        while c > 1 and site.seed_bytes / (c // 2) <= grain:
             c //= 2
         counts.append(c)
     return tuple(counts)

@@ -106,21 +106,26 @@ def _outputs(result) -> list[torch.Tensor]:
     return list(result) if isinstance(result, (tuple, list)) else [result]
 
 
+def _empty() -> torch.Tensor:
+    """The token (and a state not kept): no bytes."""
+    return torch.empty(0, dtype=torch.uint8)
+
+
 @torch.library.custom_op("remat::random_run", mutates_args=())
 def random_run(device: str, call: str, tensors: list[torch.Tensor], after: list[torch.Tensor],
                keep_state: bool = True) -> list[torch.Tensor]:
     # the generator's state is read into a new tensor (no copy of it): the only bytes the plan counts
     # (``rng_state_bytes``, for a node it replays; else empty); the token, empty, orders the next first run
-    state = rng_state(device) if keep_state else torch.empty(0, dtype=torch.uint8)
+    state = rng_state(device) if keep_state else _empty()
     op, args, kwargs = decode_call(call, tensors)
-    return [torch.empty(0, dtype=torch.uint8), state] + _outputs(op(*args, **kwargs))
+    return [_empty(), state] + _outputs(op(*args, **kwargs))
 
 
 @random_run.register_fake
 def _random_run_fake(device, call, tensors, after, keep_state=True):
     op, args, kwargs = decode_call(call, tensors)
     state = torch.empty(rng_state(device).numel() if keep_state else 0, dtype=torch.uint8)
-    return [torch.empty(0, dtype=torch.uint8), state] + _outputs(op(*args, **kwargs))
+    return [_empty(), state] + _outputs(op(*args, **kwargs))
 
 
 @torch.library.custom_op("remat::random_replay", mutates_args=())

@@ -177,33 +177,31 @@ class _Builder:
             self.demand(self.cp.new_fixed_size_interval_var(first, last - first + 1, ""), nbytes)
 
     def computations(self) -> None:
-        """Copy 0 of each node at its own position; copies 1.. optional, ordered, in its window; workspaces."""
+        """Copy 0 of each node at its own position; copies 1.. optional, ordered, in its window; workspaces
+        (a random node's copies also hold the generator's current state aside: they are replays)."""
         cp, line, nodes = self.cp, self.line, self.graph.nodes
         for i in range(self.num_forward):
             positions = [line.index[(t, i)] for t in self.windows[i]]
+            replay_bytes = nodes[i].workspace + (self.rng_bytes if nodes[i].random else 0)
             for d in range(1, self.copies if positions else 1):
                 self.present[(i, d)] = cp.new_bool_var(f"p{i}_{d}")
                 self.start[(i, d)] = cp.new_int_var_from_domain(self.cp_model.Domain.from_values(positions), f"s{i}_{d}")
                 if d > 1:
                     cp.add_implication(self.present[(i, d)], self.present[(i, d - 1)])
                     cp.add(self.start[(i, d)] > self.start[(i, d - 1)]).only_enforce_if(self.present[(i, d)])
-                if nodes[i].workspace:
+                if replay_bytes:
                     self.demand(cp.new_optional_fixed_size_interval_var(self.start[(i, d)], 1, self.present[(i, d)], ""),
-                                nodes[i].workspace)
+                                replay_bytes)
         for node in nodes:
             self.hold(line.own(node.id), line.own(node.id), node.workspace)
 
     def generator_states(self) -> None:
-        """A random node computed again keeps its generator state from its first run to its last replay,
-        and each replay holds the generator's current state aside while it runs."""
+        """A random node computed again keeps its generator state from its first run to its last replay
+        (the state each replay holds aside: :meth:`computations`)."""
         cp, line = self.cp, self.line
         for i in range(self.num_forward):
             if not (self.graph.nodes[i].random and self.rng_bytes and (i, 1) in self.present):
                 continue
-            for d in range(1, self.copies):
-                if (i, d) in self.present:
-                    self.demand(cp.new_optional_fixed_size_interval_var(self.start[(i, d)], 1, self.present[(i, d)], ""),
-                                self.rng_bytes)
             last = cp.new_int_var(line.own(i), self.end_of_step, f"rng{i}")
             for d in range(1, self.copies):
                 if (i, d) in self.present:
