@@ -41,7 +41,7 @@ run() {  # run NAME COMMAND...: in the background, its output in $out/NAME.log, 
     case " $jobs " in *" $name "*) timeout "$limit" "$@" > "$out/$name.log" 2>&1 & ;; esac
 }
 run tests python3 -m pytest -q -p no:cacheprovider -n 3 --dist loadfile tests/test_offload.py \
-    tests/test_measure.py tests/test_cost_profile.py tests/test_inductor.py tests/test_split_cuda.py -k "cuda or pinned"
+    tests/test_measure.py tests/test_cost_profile.py tests/test_inductor.py tests/test_split_cuda.py tests/test_random_cuda.py -k "cuda or pinned"
 run checks python3 benchmarks/cuda_checks.py --save "$out/cuda_checks.json" ${CUDA_CHECKS_SECTIONS:+--sections $CUDA_CHECKS_SECTIONS}
 run cuda python3 benchmarks/cuda.py --rounds 5 --save "$out/cuda.json"
 run peak_gap python3 benchmarks/cuda_peak_gap.py --save "$out/cuda_peak_gap.json"
