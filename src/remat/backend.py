@@ -25,7 +25,7 @@ from .budget import bytes_to_fraction, fixed_bytes, is_fraction, is_min
 from .capture import capture_joint, joint_device
 from .capture.shapes import is_dynamic
 from .capture.split import FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_info, split_joint
-from .capture.split_choice import faster_chunks, graded_chunks
+from .capture.split_choice import faster_chunks, graded_chunks, lower_enough, smallest_chunks
 from .capture.split_sizes import SymbolicSizes, chunk_counts
 from .cost import make_cost_fn, make_workspace_fn
 from .errors import InfeasibleBudgetError, RematError, through_dynamo
@@ -94,7 +94,6 @@ def make_partition_fn(opts: BackendOptions, updated_params: dict | None = None):
     return partition_fn
 
 
-MIN_GAIN = 0.02  # budget="min": a larger split factor must lower the peak by this fraction to be tried further
 
 
 def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts: BackendOptions,
@@ -196,17 +195,12 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     if isinstance(split, int):  # a fraction of the unsplit step's peak
         return with_chunks(split, resolve(captured.graph, budget) if is_fraction(budget) else budget)
     if is_min(budget):  # the factor from the quick planners (seconds), then one full search
-        chosen, quick = None, quick_minimum(captured.graph)
-        for k in factors:
-            least = quick_minimum(chunked(k).graph)
-            if least > quick * (1 - MIN_GAIN):
-                break
-            chosen, quick = k, least
+        chosen = smallest_chunks(factors, lambda k: quick_minimum(chunked(k).graph), quick_minimum(captured.graph))
         unsplit = (captured, plan(captured.graph, budget))
         if chosen is None:
             return unsplit
         candidate = graded(with_chunks(chosen, budget), budget)
-        return candidate if candidate[1].peak_bytes < unsplit[1].peak_bytes * (1 - MIN_GAIN) else unsplit
+        return candidate if lower_enough(candidate[1].peak_bytes, unsplit[1].peak_bytes) else unsplit
     least = refused.min_budget_bytes
     # first the fewest chunks a quick plan fits (seconds); only if none does, a full search per
     # factor whose lower bound the budget reaches
