@@ -172,6 +172,37 @@ def test_auto_splits_a_step_that_fits_where_a_split_plan_is_predicted_faster():
     assert measured <= budget and abs(measured - plan.peak_bytes) <= max(0.05 * plan.peak_bytes, 2 * MiB)
 
 
+class ScaledLogits(nn.Module):
+    """A linear layer's output times a ``[1, 4096]`` row computed in the step: 4096 is a multiple of the
+    64 rows, so the row once passed for 64 rows of 64 values and its product left the site."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(32, 4096)
+
+    def forward(self, x):
+        scale = torch.arange(4096.0, device=x.device).view(1, 4096) / 4096
+        return (self.lin(x) * scale).log_softmax(-1).square().mean()
+
+
+def test_an_operand_broadcast_over_the_rows_is_read_whole():
+    """An elementwise op's operand of size 1 at the output's first dim is the same for every row, read
+    whole by each chunk, whatever its size: the product joins the site (one site from the linear layer to
+    the loss, where the operand misread as rows split it in two and left the product whole). Under
+    Inductor the same rule keeps ``nll_loss_backward``'s one-hot mask (``arange == target``) in the LM
+    head's site, chunk by chunk, instead of a ``[tokens, vocabulary]`` bool buffer."""
+    torch.manual_seed(0)
+    model, x = ScaledLogits(), torch.randn(64, 32)
+    plan = remat.plan(model, x, split=4, solver="store_all", cache=False)
+    (site,) = plan.info["split"]["sites"]
+    assert "addmm" in site and "mul" in site, site
+    wrapped = remat.optimize(copy.deepcopy(model), x, split=4, solver="store_all", cache=False)
+    loss, grads = _grads(wrapped, x)
+    eager_loss, eager = _grads(model, x)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=0)
+    _close(grads, eager)
+
+
 def test_split_option_is_checked():
     with pytest.raises(ValueError, match="split must be"):
         remat.plan(RowsMLP(), torch.randn(2, 4, 32), torch.zeros(2, 4, dtype=torch.long), split="sometimes")

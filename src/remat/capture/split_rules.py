@@ -142,13 +142,27 @@ def _same(node, state_of):
     return Split((s,))
 
 
+def _broadcast_over_first_dim(v: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether ``v``, an operand of an elementwise op making ``out``, has size 1 at ``out``'s first dim
+    (or lacks it): it is the same for every row."""
+    offset = out.dim() - v.dim()
+    return out.dim() > 0 and out.shape[0] != 1 and (offset > 0 or v.shape[0] == 1)
+
+
 def _pointwise(node, state_of):
     """An elementwise op: its split inputs all have the output's shape over the row dims; the
     others broadcast over the rows (size 1 or absent there)."""
     out = val(node)
     if not isinstance(out, torch.Tensor):
         return None
-    states = [(a, state_of(a)) for a in _tensor_args(node)]
+    states = []
+    for a in _tensor_args(node):
+        s = state_of(a)
+        if s is not None and s.kind == "rows" and _broadcast_over_first_dim(val(a), out):
+            # an outside value of size 1 at the output's first dim (always a row dim) broadcasts over the
+            # rows: read whole (an arange of shape [1, 32000] is not 128 rows of 250, whatever its size)
+            s = state_of(a, whole=True)
+        states.append((a, s))
     leads = {(s.lead, s.per) for _, s in states if s is not None and s.kind == "rows"}
     if len(leads) != 1 or any(s is None or s.kind not in ("rows", "whole") for _, s in states):
         return None
