@@ -208,14 +208,22 @@ def test_split_option_is_checked():
         remat.plan(RowsMLP(), torch.randn(2, 4, 32), torch.zeros(2, 4, dtype=torch.long), split="sometimes")
 
 
-def test_compile_splits_a_step_that_fits_where_a_split_plan_is_predicted_faster():
+@pytest.fixture(scope="module")
+def compiled_gpt2_min():
+    """A 2-layer GPT-2 with a 32k vocabulary, its compile options, and its smallest plan under
+    ``remat.compile`` unsplit."""
+    model, batch = _gpt2(vocab=32000, n_embd=32, batch=2, seq=64, layers=2)
+    options = dict(example_kwargs=batch, cache=False, cost_model="flops", calibrate=False)
+    unsplit = remat.compile(copy.deepcopy(model), budget="min", split="off", **options).plan
+    return model, batch, options, unsplit
+
+
+def test_compile_splits_a_step_that_fits_where_a_split_plan_is_predicted_faster(compiled_gpt2_min):
     """The same under Inductor (``remat.compile``): at the smallest budget of the step as Inductor fuses
     it, unsplit, the partitioner weighs split plans at the same bytes and takes one predicted faster."""
     from remat.capture.split import FASTER_SPLIT_GAIN, FASTER_SPLIT_OVERHEAD
 
-    model, batch = _gpt2(vocab=32000, n_embd=32, batch=2, seq=64, layers=2)
-    options = dict(example_kwargs=batch, cache=False, cost_model="flops", calibrate=False)
-    unsplit = remat.compile(copy.deepcopy(model), budget="min", split="off", **options).plan
+    model, batch, options, unsplit = compiled_gpt2_min
     assert unsplit.step_overhead > FASTER_SPLIT_OVERHEAD and "split" not in unsplit.info  # the premise
     budget = unsplit.info["budget_bytes"]
     eager_loss, eager = _grads(copy.deepcopy(model), **batch)
@@ -230,6 +238,31 @@ def test_compile_splits_a_step_that_fits_where_a_split_plan_is_predicted_faster(
     measured = measure_step(lambda: compiled(**batch).backward(), setup=lambda: compiled.zero_grad(set_to_none=True),
                             warmup=1, repeats=1).peak_bytes
     assert measured <= budget and abs(measured - plan.peak_bytes) <= max(0.05 * plan.peak_bytes, 2 * MiB)
+
+
+def test_compiles_smallest_budget_splits_below_the_unsplit_floor(compiled_gpt2_min):
+    """``budget="min"`` under Inductor with ``split="auto"`` (the default) looks below the step's floor
+    as the eager backend does: the LM head and its loss split into row chunks, a smallest peak well below
+    the unsplit step's, measured at most the prediction and near it, gradients as eager's. (The
+    partitioner used to split only for a budget the unsplit step missed. Inductor's decomposed loss
+    made two sites that kept every chunk alive: its one-hot mask left out, built for all rows at once,
+    and the per-row losses concatenated, which Inductor computes where the concatenation runs.)"""
+    from remat.capture.split_choice import MIN_GAIN
+
+    model, batch, options, unsplit = compiled_gpt2_min
+    eager_loss, eager = _grads(copy.deepcopy(model), **batch)
+    compiled = remat.compile(copy.deepcopy(model), budget="min", **options)
+    plan = compiled.plan
+    assert plan.info["split"]["chunks"] >= 2, plan.info
+    assert plan.peak_bytes < unsplit.peak_bytes * (1 - MIN_GAIN), (plan.peak_bytes, unsplit.peak_bytes)
+    assert plan.peak_bytes < 0.5 * unsplit.peak_bytes  # the LM head's floor: 12.4 against 32.8 MB
+    loss, grads = _grads(compiled, **batch)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
+    _close(grads, eager, rtol=1e-4, atol=1e-5)
+    measured = measure_step(lambda: compiled(**batch).backward(), setup=lambda: compiled.zero_grad(set_to_none=True),
+                            warmup=1, repeats=1).peak_bytes
+    assert measured <= plan.peak_bytes and plan.peak_bytes - measured <= max(0.05 * plan.peak_bytes, 2 * MiB), (
+        measured, plan.peak_bytes)
 
 
 def test_compiles_split_search_takes_more_chunks_while_each_is_predicted_faster(monkeypatch):

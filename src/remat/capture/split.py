@@ -229,12 +229,38 @@ class _Grower:
                         continue
                     producer = arg.args[0] if arg.target is operator.getitem else arg
                     changed |= self.try_add(producer)
-        site = self._checked()
+        site = self._with_small_results_reduced()
         if site is not None or self.closing:
             return site
         # not convex: take in the ops on paths that leave the site and come back, and grow again
         self.closing = True
         return self.grow(seeded=True) if self._close_paths() else None
+
+    def _with_small_results_reduced(self) -> Site | None:
+        """The checked site, grown first through the readers of its per-row values (one number a row: a
+        loss's) that leave it, as far as each reader makes no more bytes than it reads, so that
+        the site ends in sums over its chunks rather than in a concatenation; else as it was. (Under
+        Inductor a concatenation computes its inputs where it runs, after every chunk: the LM head's
+        per-row losses, gathered from each chunk's log-probabilities, kept all eight chunks alive.)"""
+        before = (dict(self.site.states), dict(self.site.splits), dict(self.site.reads))
+        inside = self.site.splits.keys() | self.site.states.keys()
+        grown, changed = False, True
+        while changed:
+            changed = False
+            for value, state in list(self.site.states.items()):
+                if not state.split or _nbytes(value) >= self.large or val(value).numel() > self.site.rows * state.per:
+                    continue  # only values of one number per row
+                for user in list(value.users):
+                    if user in inside or user.target is operator.getitem or _nbytes(user) > _nbytes(value):
+                        continue
+                    if self.try_add(user):
+                        changed = grown = True
+                        inside = self.site.splits.keys() | self.site.states.keys()
+        site = self._checked()
+        if site is None and grown:
+            self.site.states, self.site.splits, self.site.reads = (dict(d) for d in before)
+            site = self._checked()
+        return site
 
     def _checked(self) -> Site | None:
         """The grown site, or None where it does not pay or cannot run as blocks (see grow)."""

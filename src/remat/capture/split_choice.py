@@ -5,17 +5,9 @@ The lowerings plan a split step for each choice and keep the one the simulator p
 * :func:`faster_chunks` (the eager backend and the Inductor partitioner): where the step fits, more
   chunks (2, 4, 8, ...) while each is predicted faster (smaller chunks leave more memory, so less
   recomputation);
-* :func:`smallest_chunks` (the eager backend, ``budget="min"``): more chunks while each lowers the quick
+* :func:`smallest_chunks` (both lowerings, ``budget="min"``): more chunks while each lowers the quick
   planners' smallest peak by ``MIN_GAIN``; that count's smallest plan is then kept where it peaks
-  ``MIN_GAIN`` below the unsplit step's (:func:`lower_enough`). Not yet the Inductor partitioner, whose
-  ``"min"`` stops at the unsplit step's floor: wired there, a 2-layer GPT-2 with a 32k vocabulary split
-  into 8 chunks measured 16.40 MB where its plans predicted 14.37 (``keep_set`` and ``hybrid`` alike).
-  Inductor had built ``nll_loss_backward``'s one-hot target mask once for all rows, a ``(128, 32000)``
-  bool buffer every chunk read: the site had left the mask out, its ``[1, 32000]`` arange misread as
-  rows (fixed: :mod:`remat.capture.split_rules` reads such an operand whole). With the mask chunk by
-  chunk it measures 16.94 MB for 12.41 predicted: the compiled backward sums the head weight's gradient
-  over the chunks as ``addmm(sum so far, ...)`` into a new 4.1 MB buffer each time, the old sum still
-  live, which the fused graph does not model yet (a forced ``split=8`` with ``"min"`` warns so);
+  ``MIN_GAIN`` below the unsplit step's (:func:`lower_enough`);
 * :func:`graded_chunks` (the eager backend; not yet the Inductor partitioner, whose split search
   took minutes on a forced two-site test): each site in :func:`site_chunks` instead of one count
   for all, where that is predicted no slower.

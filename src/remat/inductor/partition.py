@@ -89,7 +89,7 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from ..budget import is_fraction
 from ..capture import capture_joint, joint_device
 from ..capture.split import FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_info, split_joint
-from ..capture.split_choice import faster_chunks
+from ..capture.split_choice import faster_chunks, lower_enough, smallest_chunks
 from ..capture.shapes import bucket_key, concrete_joint, guard_bucket, is_dynamic, name_bucket, refuse_unless_monotone
 from ..capture.split_sizes import SymbolicSizes, chunk_counts
 from ..cost import INDUCTOR_COST_MODEL, make_cost_fn, make_workspace_fn
@@ -256,7 +256,11 @@ class RematPartitioner(CustomPartitionerFn):
                 if faster is not None:
                     chunks, (capture, fused, plan) = faster
         else:
-            if split == "auto" and not chunks and self._may_split_for_speed(plan, bucket):
+            if split == "auto" and not chunks and self._may_split_for_min():
+                smaller = self._smallest_split(planned_gm, num_fwd_outputs, device, costs, plan, bucket, key, sizes)
+                if smaller is not None:
+                    chunks, sites, (capture, fused, plan) = smaller
+            elif split == "auto" and not chunks and self._may_split_for_speed(plan, bucket):
                 sites = find_sites(planned_gm, num_fwd_outputs)
                 faster = self._faster_split(planned_gm, num_fwd_outputs, device, costs, plan, sites, SPLIT_FACTORS,
                                             self.last_budget_bytes, "unsplit")
@@ -303,6 +307,35 @@ class RematPartitioner(CustomPartitionerFn):
                                           budget_bytes=budget_bytes)
         except InfeasibleBudgetError:
             return None
+
+    def _may_split_for_min(self) -> bool:
+        """Whether ``split="auto"`` looks below the step's floor for ``budget="min"`` (under ``auto``)."""
+        opts = self.options
+        return opts.solver == "auto" and opts.plan is None and is_min(opts.budget)
+
+    def _smallest_split(self, planned_gm, num_fwd_outputs, device, costs, unsplit, bucket=None, key=None, sizes=None):
+        """``budget="min"``: (chunks, sites, (capture, fused, plan)) of the step split into the count
+        :func:`~remat.capture.split_choice.smallest_chunks` picks from the quick planners' peaks, its smallest
+        plan searched in full and taken where it peaks lower than ``unsplit`` (the step's as captured) by
+        :func:`~remat.capture.split_choice.lower_enough`; None otherwise. The eager backend's rule."""
+        sites = find_sites(planned_gm, num_fwd_outputs, sizes)
+        factors = chunk_counts(sizes, sites, SPLIT_FACTORS) if sites else []
+
+        def split_step(k):
+            return split_joint(planned_gm, num_fwd_outputs, sites, k, sizes)
+
+        def quick_peak(k):
+            return quick_minimum(self._capture_and_fuse(split_step(k), num_fwd_outputs, device, costs)[1].graph)
+
+        chosen = smallest_chunks(factors, quick_peak, quick_minimum(unsplit.graph))
+        if chosen is None:
+            return None
+        try:
+            planned = self._capture_and_plan(split_step(chosen), num_fwd_outputs, device, costs, bucket, key,
+                                             split_step=True)
+        except InfeasibleBudgetError:
+            return None
+        return (chosen, sites, planned) if lower_enough(planned[2].peak_bytes, unsplit.peak_bytes) else None
 
     def _may_split_for_speed(self, plan, bucket) -> bool:
         """Whether ``split="auto"`` weighs split plans against ``plan``, a fitting plan of the step as
