@@ -107,3 +107,28 @@ def test_cuda_lengths_below_the_lm_heads_floor_train_with_split_buckets_in_both_
     for name in ("optimize", "compile"):
         for (pname, a), b in zip(modules[name].named_parameters(), eager.parameters()):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name} {pname}: {m}")
+
+
+def test_cuda_compiles_smallest_budget_splits_the_lm_head_and_measures_its_prediction():
+    """``remat.compile(budget="min")`` on a GPU (Triton kernels) splits the LM head and its loss below
+    the unsplit step's floor, as on the CPU (tests/test_split.py): a smallest peak well below the
+    unsplit step's, measured at most the prediction and near it, gradients as eager's."""
+    from remat.capture.split_choice import MIN_GAIN
+
+    model, batch = _gpt2(vocab=32000, n_embd=32, batch=2, seq=64, layers=2)
+    model = model.cuda()
+    batch = {k: v.cuda() for k, v in batch.items()}
+    options = dict(example_kwargs=batch, cache=False, calibrate=False)
+    torch._dynamo.reset()
+    unsplit = remat.compile(copy.deepcopy(model), budget="min", split="off", **options).plan
+    eager_loss, eager = _grads(copy.deepcopy(model), **batch)
+    compiled = remat.compile(copy.deepcopy(model), budget="min", **options)
+    plan = compiled.plan
+    assert plan.info["split"]["chunks"] >= 2, plan.info
+    assert plan.peak_bytes < unsplit.peak_bytes * (1 - MIN_GAIN), (plan.peak_bytes, unsplit.peak_bytes)
+    loss, grads = _grads(compiled, **batch)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
+    _close(grads, eager, rtol=1e-4, atol=1e-5)
+    measured = _measured(compiled, **batch)
+    assert measured <= plan.peak_bytes + ROUNDING and abs(measured - plan.peak_bytes) <= max(
+        0.05 * plan.peak_bytes, 2 * MiB + ROUNDING), (measured, plan.peak_bytes, unsplit.peak_bytes)
