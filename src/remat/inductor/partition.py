@@ -93,7 +93,7 @@ from ..capture.split_choice import faster_chunks, lower_enough, smallest_chunks
 from ..capture.shapes import bucket_key, concrete_joint, guard_bucket, is_dynamic, name_bucket, refuse_unless_monotone
 from ..capture.split_sizes import SymbolicSizes, chunk_counts
 from ..cost import INDUCTOR_COST_MODEL, make_cost_fn, make_workspace_fn
-from ..errors import CaptureError, InfeasibleBudgetError
+from ..errors import CaptureError, InfeasibleBudgetError, RematError
 from ..execute import compiled_ops  # noqa: F401  (registers remat's operators before any compiled graph runs)
 from ..execute.lowering import lower
 from ..execute.transfer import make_transfer_meta
@@ -332,13 +332,13 @@ class RematPartitioner(CustomPartitionerFn):
         def quick_peak(k):
             return quick_minimum(self._capture_and_fuse(split_step(k), num_fwd_outputs, device, costs)[1].graph)
 
-        chosen = smallest_chunks(factors, quick_peak, quick_minimum(unsplit.graph))
-        if chosen is None:
-            return None
-        try:
+        try:  # the unsplit step has a plan: a split step that fails to capture or plan leaves it
+            chosen = smallest_chunks(factors, quick_peak, quick_minimum(unsplit.graph))
+            if chosen is None:
+                return None
             planned = self._capture_and_plan(split_step(chosen), num_fwd_outputs, device, costs, bucket, key,
                                              split_step=True)
-        except InfeasibleBudgetError:
+        except RematError:
             return None
         return (chosen, sites, planned) if lower_enough(planned[2].peak_bytes, unsplit.peak_bytes) else None
 
