@@ -412,6 +412,18 @@ def shared_machine_note(load_before: float, load_after: float) -> str:
             f"{load_after:.1f} after, on {os.cpu_count()} cores): absolute times are inflated and noisy; ")
 
 
+def write_report(name: str, title: str, started: str, intro: str, rows: Sequence[str], save: bool) -> None:
+    """Print the report of ``benchmarks/{name}.py``: its title, the command, commit, start time and
+    machine, ``intro``, then ``rows``; with ``save``, also write it to ``benchmarks/{name}.md``."""
+    text = "\n".join([
+        f"# {title}", "",
+        f"`benchmarks/{name}.py {' '.join(sys.argv[1:])}` at {git_revision()}, {started}; {machine_facts()}.", "",
+        intro, "", *rows, ""])
+    if save:
+        (HERE / f"{name}.md").write_text(text)
+    print(text)
+
+
 def md_header(columns: Sequence[str]) -> list[str]:
     """A markdown table's header row and its separator."""
     return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]

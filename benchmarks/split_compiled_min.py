@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 import time
 
-from common import (HERE, git_revision, gpt2, log, machine_facts, md_header, measured_peak, mib, process_setup,
-                    time_against)
+from common import gpt2, log, md_header, measured_peak, mib, process_setup, time_against, write_report
 
 CONFIGS = {  # the zoo's GPT-2 with a 32k vocabulary: the LM head and its loss set the floor
     "2 layers, width 64, 2 x 128 tokens": dict(n_layer=2, n_embd=64, n_head=2, vocab=32000, positions=128,
@@ -76,18 +74,11 @@ def main():
                       "compile + plan + first step, s"])
     for label, cfg in list(CONFIGS.items())[: 1 if a.quick else None]:
         rows += rows_for(label, cfg, rounds=3 if a.quick else 7)
-    text = "\n".join([
-        "# The smallest budget under remat.compile, with splits", "",
-        f"`benchmarks/split_compiled_min.py {' '.join(sys.argv[1:])}` at {git_revision()}, {started}; "
-        f"{machine_facts()}.", "",
-        "`budget=\"min\"`, `auto`, `profile` costs, no calibration (the plan as made). Peaks: the step's "
-        "growth over its start (allocator, one step after a warm-up). The last row of each model: the split "
-        "plan's predicted peak over the unsplit one's, and its measured step over the unsplit plan's "
-        "(median of per-round ratios, alternating rounds).", "",
-        *rows, ""])
-    if not a.quick:
-        (HERE / "split_compiled_min.md").write_text(text)
-    print(text)
+    write_report("split_compiled_min", "The smallest budget under remat.compile, with splits", started,
+                 "`budget=\"min\"`, `auto`, `profile` costs, no calibration (the plan as made). Peaks: the step's "
+                 "growth over its start (allocator, one step after a warm-up). The last row of each model: the split "
+                 "plan's predicted peak over the unsplit one's, and its measured step over the unsplit plan's "
+                 "(median of per-round ratios, alternating rounds).", rows, save=not a.quick)
 
 
 if __name__ == "__main__":

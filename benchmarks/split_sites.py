@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 import time
 
-from common import git_revision, log, machine_facts, md_header, measured_peak, mib, process_setup, time_against, HERE
+from common import log, md_header, measured_peak, mib, process_setup, time_against, write_report
 
 
 def models(quick: bool):
@@ -103,16 +102,10 @@ def main():
                       "predicted step, plan time", "per site: the same", "measured step, per site / one count"])
     for label, model, args in models(a.quick):
         rows += rows_for(label, model, args, (0.3,) if a.quick else ("min", 0.2, 0.3, 0.4), rounds=3 if a.quick else 5)
-    text = "\n".join([
-        "# Split sites in their own chunk counts", "",
-        f"`benchmarks/split_sites.py {' '.join(sys.argv[1:])}` at {git_revision()}, {started}; {machine_facts()}.",
-        "", "`auto`, `split=\"auto\"`, `profile` costs; budgets: the smallest, and fractions of the unsplit "
-        "step's store-all peak below what its plans reach, so every plan here splits. Chunks per site: the "
-        "largest site first. Peaks: predicted / measured (allocator, one step).", "",
-        *rows, ""])
-    if not a.quick:
-        (HERE / "split_sites.md").write_text(text)
-    print(text)
+    write_report("split_sites", "Split sites in their own chunk counts", started,
+                 "`auto`, `split=\"auto\"`, `profile` costs; budgets: the smallest, and fractions of the unsplit "
+                 "step's store-all peak below what its plans reach, so every plan here splits. Chunks per site: the "
+                 "largest site first. Peaks: predicted / measured (allocator, one step).", rows, save=not a.quick)
 
 
 if __name__ == "__main__":

@@ -94,8 +94,6 @@ def make_partition_fn(opts: BackendOptions, updated_params: dict | None = None):
     return partition_fn
 
 
-
-
 def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts: BackendOptions,
                       sizes: SymbolicSizes | None = None, for_speed: bool = True):
     """``(capture, plan)`` for the step, its ops split into row chunks where that is needed

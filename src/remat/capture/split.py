@@ -238,7 +238,7 @@ class _Grower:
 
     def _with_small_results_reduced(self) -> Site | None:
         """The checked site, grown first through the readers of its per-row values (one number a row: a
-        loss's) that leave it, as far as each reader makes no more bytes than it reads, so that
+        loss's) that leave it, as far as each reader makes no more bytes than that value, so that
         the site ends in sums over its chunks rather than in a concatenation; else as it was. (Under
         Inductor a concatenation computes its inputs where it runs, after every chunk: the LM head's
         per-row losses, gathered from each chunk's log-probabilities, kept all eight chunks alive.)"""

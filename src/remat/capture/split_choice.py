@@ -5,9 +5,9 @@ The lowerings plan a split step for each choice and keep the one the simulator p
 * :func:`faster_chunks` (the eager backend and the Inductor partitioner): where the step fits, more
   chunks (2, 4, 8, ...) while each is predicted faster (smaller chunks leave more memory, so less
   recomputation);
-* :func:`smallest_chunks` (both lowerings, ``budget="min"``; under Inductor on the CPU only, so far): more chunks while each lowers the quick
-  planners' smallest peak by ``MIN_GAIN``; that count's smallest plan is then kept where it peaks
-  ``MIN_GAIN`` below the unsplit step's (:func:`lower_enough`);
+* :func:`smallest_chunks` (both lowerings, ``budget="min"``; under Inductor on the CPU only, so far):
+  more chunks while each lowers the quick planners' smallest peak by ``MIN_GAIN``; that count's
+  smallest plan is then kept where it peaks ``MIN_GAIN`` below the unsplit step's (:func:`lower_enough`);
 * :func:`graded_chunks` (the eager backend; not yet the Inductor partitioner, whose split search
   took minutes on a forced two-site test): each site in :func:`site_chunks` instead of one count
   for all, where that is predicted no slower.
@@ -108,4 +108,4 @@ def graded_chunks(chosen: tuple, sites: list[Site], plan_for: Callable[[tuple], 
     return (counts, graded) if better else chosen
 
 
-__all__ = ["faster_chunks", "graded_chunks", "site_chunks"]
+__all__ = ["MIN_GAIN", "faster_chunks", "graded_chunks", "lower_enough", "site_chunks", "smallest_chunks"]
