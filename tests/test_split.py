@@ -113,6 +113,47 @@ def test_gpt2s_lm_head_and_loss_split_like_eager_and_rows_bitwise_like_the_unspl
     torch.testing.assert_close(grads[summed], unsplit[summed], rtol=1e-6, atol=1e-7)
 
 
+class LMHead(nn.Module):
+    """A linear head with a large vocabulary and its loss: the head's weight gradient, summed over
+    the chunks, is the largest value of a split step."""
+
+    def __init__(self, hidden=128, vocab=8192):
+        super().__init__()
+        self.pre = nn.Linear(hidden, hidden)
+        self.proj = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, x, target):
+        return F.cross_entropy(self.proj(torch.tanh(self.pre(x))), target)
+
+
+def test_a_split_weight_gradient_accumulates_in_place(monkeypatch):
+    """Each chunk's ``addmm`` into the running total of the head's weight gradient is written into
+    the total (``addmm_``) where the total dies there: one weight less at the peak, gradients bitwise
+    those of the same split step written out of place, measured peak equal to the prediction."""
+    import remat.capture.joint as joint
+
+    torch.manual_seed(0)
+    model, x, target = LMHead(), torch.randn(256, 128), torch.randint(0, 8192, (256,))
+
+    def run():
+        m = remat.optimize(copy.deepcopy(model), x, target, budget="min", split=8, solver="keep_set", cache=False)
+        _, grads = _grads(m, x, target)
+        measured = measure_step(lambda: m(x, target).backward(), setup=lambda: m.zero_grad(set_to_none=True))
+        return m.plan, grads, measured.peak_bytes
+
+    plan, grads, measured = run()
+    graph = plan.graph
+    into_totals = [i for i, v_in, _ in plan.simulation.reused
+                   if graph.nodes[plan.instructions[i].target].name.startswith("addmm")]
+    assert len(into_totals) == 7  # every chunk but the first adds into the total
+    assert measured == plan.peak_bytes
+    monkeypatch.setattr(joint, "inplace_adds", lambda *args: {})
+    out_of_place, same_grads, measured_out = run()
+    assert measured_out == out_of_place.peak_bytes
+    assert plan.peak_bytes <= out_of_place.peak_bytes - 2 * MiB  # the weight is 4 MiB
+    assert grads.keys() == same_grads.keys() and all(torch.equal(grads[n], same_grads[n]) for n in grads)
+
+
 def test_auto_splits_where_the_budget_needs_it_names_the_floor_over_splits_and_measures_its_prediction():
     model, batch = _gpt2(vocab=32000, n_embd=32, batch=2, seq=128)  # logits: 256 x 32000 fp32, 31 MiB
     unsplit = remat.plan(model, **batch, budget="min", split="off", cache=False)

@@ -108,34 +108,52 @@ def _is_random(node: fx.Node) -> bool:
 
 
 _ADD = torch.ops.aten.add.Tensor
+_ADDMM = torch.ops.aten.addmm.default
+
+
+def _layout(val) -> tuple | None:
+    if not isinstance(val, torch.Tensor):
+        return None
+    return val.dtype, tuple(val.shape), tuple(val.stride()), val.storage_offset()
+
+
+def _accumulator_positions(n: fx.Node) -> tuple[int, ...]:
+    """The argument positions of ``n`` that an in-place variant may write into: both operands of
+    ``add`` (only the first with an ``alpha``); ``addmm``'s ``self`` (``addmm_``: the running total of a
+    split weight gradient, which the same gemm with ``beta`` accumulates into)."""
+    if n.target is _ADD and len(n.args) == 2:
+        return (0,) if n.kwargs.get("alpha", 1) != 1 else (0, 1)
+    if n.target is _ADDMM and len(n.args) == 3:
+        return (0,)
+    return ()
 
 
 def inplace_adds(op_node: list, builder, value_id: dict, value_node: list) -> dict:
-    """Graph meta for remat's eager lowering: each ``add`` that may be written in place (``add_``,
-    bitwise the same sum) into an input whose storage the output can take: ``inplace_reuse``
-    ``[node, input, output]`` triples (the simulator decides, per plan, whether the input dies
-    there; see :func:`remat.simulate.simulate`) and ``inplace_eager``. The input is an op's own output
-    (not a view), of the output's dtype, shape and strides, not sharing storage with the other operand; with an
-    ``alpha``, only the first input."""
+    """Graph meta for remat's eager lowering: each ``add`` or ``addmm`` that may be written in place
+    (``add_``, ``addmm_``: bitwise the same result, the same kernel writing into the input instead of a
+    copy of it) into an input whose storage the output can take: ``inplace_reuse`` ``[node, input,
+    output]`` triples (the simulator decides, per plan, whether the input dies there; see
+    :func:`remat.simulate.simulate`) and ``inplace_eager``. The input is an op's own output (not a
+    view), of the output's dtype, shape and strides, not sharing storage with the other operands
+    (:func:`_accumulator_positions` names which inputs may be written)."""
     found = []
     for nid, n in enumerate(op_node):
-        if n.target is not _ADD or len(builder.nodes[nid].outputs) != 1 or len(n.args) != 2:
+        positions = _accumulator_positions(n)
+        if not positions or len(builder.nodes[nid].outputs) != 1:
             continue
         (out,) = builder.nodes[nid].outputs
         out_val = value_node[out].meta.get("val")
         if value_node[out] is not n or not isinstance(out_val, torch.Tensor) or not out_val.is_contiguous():
             continue
-        layout = (out_val.dtype, tuple(out_val.shape), tuple(out_val.stride()), out_val.storage_offset())
-        positions = (0,) if n.kwargs.get("alpha", 1) != 1 else (0, 1)
         for k in positions:
-            arg, other = n.args[k], n.args[1 - k]
+            arg = n.args[k]
             if not isinstance(arg, fx.Node) or arg not in value_id or value_node[value_id[arg]] is not arg:
                 continue
-            if isinstance(other, fx.Node) and storage_key(other.meta.get("val")) == storage_key(arg.meta.get("val")):
-                continue  # the other operand is the input or a view of it: it would read what add_ writes
             val, vid = arg.meta.get("val"), value_id[arg]
-            if (builder.values[vid].producer is not None and isinstance(val, torch.Tensor)
-                    and (val.dtype, tuple(val.shape), tuple(val.stride()), val.storage_offset()) == layout
+            others = [a for j, a in enumerate(n.args) if j != k and isinstance(a, fx.Node)]
+            if any(storage_key(o.meta.get("val")) == storage_key(val) for o in others):
+                continue  # another operand is the input or a view of it: it would read what is written
+            if (builder.values[vid].producer is not None and _layout(val) == _layout(out_val)
                     and builder.values[vid].bytes == builder.values[out].bytes):
                 found.append([nid, vid, out])
     return {"inplace_reuse": found, "inplace_eager": True} if found else {}
@@ -230,7 +248,7 @@ def capture_joint(
     ``workspace_fn(fx_node) -> bytes`` gives its scratch memory (see :mod:`remat.cost.workspace`),
     ``transfer`` the offload tier's costs, kept as ``graph.meta["transfer"]`` (see
     :mod:`remat.execute.transfer`; plans that offload need them). ``eager_inplace``: the graph is for
-    remat's eager lowering, which writes an ``add`` into an input that dies there
+    remat's eager lowering, which writes an ``add`` or ``addmm`` into an input that dies there
     (:func:`inplace_adds`)."""
     fx_graph = joint.graph
     (output_node,) = fx_graph.find_nodes(op="output")

@@ -262,6 +262,19 @@ class _Lowering:
         return f"rng_state_{self.plan.graph.nodes[key[1]].name}"
 
     # ---------------------------------------------------------------- instructions
+    def _compute_in_place(self, op: fx.Node, v_in: int) -> fx.Node:
+        """``x + y`` as ``x.add_(y)`` (or ``y.add_(x)``), ``addmm(t, a, b)`` as ``t.addmm_(a, b)``, where the
+        plan's simulation let the output take the storage of input ``v_in``, which dies here
+        (:func:`remat.capture.joint.inplace_adds`)."""
+        if op.target is torch.ops.aten.addmm.default:
+            target, args = torch.ops.aten.addmm_.default, op.args
+        else:
+            first = 0 if self.cap.value_id.get(op.args[0]) == v_in else 1
+            target, args = torch.ops.aten.add_.Tensor, (op.args[first], op.args[1 - first])
+        new = self.graph.call_function(target, fx.map_arg(args, self._resolve), dict(op.kwargs))
+        new.meta.update(op.meta)
+        return new
+
     def _compute(self, nid: int):
         cap, g = self.cap, self.graph
         op = cap.op_node[nid]
@@ -278,12 +291,8 @@ class _Lowering:
             x, w, b = fx.map_arg((x, w, b), self._resolve)
             new = g.call_function(BATCH_NORM_NO_STATS, (x, w, b, training, momentum, eps))
             new.meta.update(op.meta)
-        elif self.index in self.in_place:  # x + y written into x (or y), which dies here: bitwise the same sum
-            v_in = self.in_place[self.index]
-            first = 0 if cap.value_id.get(op.args[0]) == v_in else 1
-            into, other = op.args[first], op.args[1 - first]
-            new = g.call_function(torch.ops.aten.add_.Tensor, fx.map_arg((into, other), self._resolve), dict(op.kwargs))
-            new.meta.update(op.meta)
+        elif self.index in self.in_place:  # written into an input that dies here: bitwise the same result
+            new = self._compute_in_place(op, self.in_place[self.index])
         elif nid in self.keep_apart:  # x + y as x - (-1) * y, bitwise: Inductor keeps the mm where it is
             new = g.call_function(torch.ops.aten.sub.Tensor, fx.map_arg(op.args, self._resolve), {"alpha": -1})
             new.meta.update(op.meta)
