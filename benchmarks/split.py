@@ -175,8 +175,7 @@ def head_rows(rows_n: int, hidden: int, vocab: int):
             plan = remat.plan(eager, x, target, cache=False, **options)
         except remat.InfeasibleBudgetError as err:
             refused.append(f"{label}: no plan fits; remat's smallest budget for the head alone is "
-                           f"{mib(err.min_budget_bytes)} MiB (the head's weight gradient is accumulated out of "
-                           "place: the running total and the next one, 2 x 31.25 MiB, at each chunk's addmm).")
+                           f"{mib(err.min_budget_bytes)} MiB.")
             log(refused[-1])
             continue
         chunks = plan.info.get("split", {}).get("chunks", "off")
