@@ -151,7 +151,7 @@ def test_a_split_weight_gradient_accumulates_in_place(monkeypatch, bf16):
                    if graph.nodes[plan.instructions[i].target].name.startswith("addmm")]
     assert len(into_totals) == 7  # every chunk but the first adds into the total
     assert measured == plan.peak_bytes
-    monkeypatch.setattr(joint, "inplace_adds", lambda *args: {})
+    monkeypatch.setattr(joint, "inplace_accumulations", lambda *args: {})
     out_of_place, same_grads, measured_out = run()
     assert measured_out == out_of_place.peak_bytes
     assert plan.peak_bytes <= out_of_place.peak_bytes - (1 if bf16 else 2) * MiB  # the weight's gradient: 4 MiB (bf16: 2)

@@ -128,7 +128,7 @@ def _accumulator_positions(n: fx.Node) -> tuple[int, ...]:
     return ()
 
 
-def inplace_adds(op_node: list, builder, value_id: dict, value_node: list) -> dict:
+def inplace_accumulations(op_node: list, builder, value_id: dict, value_node: list) -> dict:
     """Graph meta for remat's eager lowering: each ``add`` or ``addmm`` that may be written in place
     (``add_``, ``addmm_``: bitwise the same result, the same kernel writing into the input instead of a
     copy of it) into an input whose storage the output can take: ``inplace_reuse`` ``[node, input,
@@ -249,7 +249,7 @@ def capture_joint(
     ``transfer`` the offload tier's costs, kept as ``graph.meta["transfer"]`` (see
     :mod:`remat.execute.transfer`; plans that offload need them). ``eager_inplace``: the graph is for
     remat's eager lowering, which writes an ``add`` or ``addmm`` into an input that dies there
-    (:func:`inplace_adds`)."""
+    (:func:`inplace_accumulations`)."""
     fx_graph = joint.graph
     (output_node,) = fx_graph.find_nodes(op="output")
     outputs = list(output_node.args[0])
@@ -440,7 +440,7 @@ def capture_joint(
             "no_backward_recompute": no_backward_recompute,
             **({"grad_inputs": grad_inputs} if grad_inputs is not None else {}),
             **({"optimizer_updates": optimizer_updates} if optimizer_updates else {}),
-            **(inplace_adds(op_node, builder, value_id, value_node) if eager_inplace else {}),
+            **(inplace_accumulations(op_node, builder, value_id, value_node) if eager_inplace else {}),
             **({"transfer": dict(transfer)} if transfer else {}),
         },
     )

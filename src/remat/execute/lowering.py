@@ -265,7 +265,7 @@ class _Lowering:
     def _compute_in_place(self, op: fx.Node, v_in: int) -> fx.Node:
         """``x + y`` as ``x.add_(y)`` (or ``y.add_(x)``), ``addmm(t, a, b)`` as ``t.addmm_(a, b)``, where the
         plan's simulation let the output take the storage of input ``v_in``, which dies here
-        (:func:`remat.capture.joint.inplace_adds`)."""
+        (:func:`remat.capture.joint.inplace_accumulations`)."""
         if op.target is torch.ops.aten.addmm.default:
             target, args = torch.ops.aten.addmm_.default, op.args
         else:
