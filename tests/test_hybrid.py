@@ -106,6 +106,24 @@ def test_auto_picks_hybrid_only_when_faster():
     assert make_plan(without_transfer(fast), budget).solver != "hybrid"
 
 
+def test_recomputation_is_planned_once_for_a_step_with_and_without_transfer_costs(monkeypatch):
+    """The recomputation solvers do not read the transfer costs: ``auto`` plans them on the step
+    without those costs, so where that step was planned already (``remat.compile`` plans a step both
+    ways) they do not run again, and the hybrid starts from that plan, as a plan of the costed step."""
+    import remat.solvers.planner as planner
+
+    g = chain(n=8, bandwidth=1e9)
+    budget = int(0.6 * solve("store_all", g, None).peak_bytes)
+    plain = make_plan(without_transfer(g), budget)
+    runs = []
+    real = planner._auto_recompute
+    monkeypatch.setattr(planner, "_auto_recompute", lambda *args, **kwargs: runs.append(args) or real(*args, **kwargs))
+    plan = make_plan(g, budget)
+    assert runs == [] and plan.graph is g and plan.peak_bytes <= budget and "hybrid" in plan.info["chosen by"]
+    start = recomputation_plan(g, budget)
+    assert start.graph is g and start.schedule() == plain.schedule() and start.peak_bytes == plain.peak_bytes
+
+
 def test_no_budget_is_store_all():
     g = chain()
     plan = solve("hybrid", g, None)

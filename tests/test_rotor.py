@@ -145,6 +145,23 @@ def test_rotor_refuses_a_graph_that_is_one_big_block():
     assert "no block structure" in plan.info["fallback"] and plan.fits()
 
 
+def test_the_exact_fallback_runs_once_per_budget(monkeypatch):
+    """The hybrid solver asks the hierarchical planner again at the budget ``auto`` asked it: on a
+    graph without block structure its exact solvers run once (they spend their whole time limit)."""
+    import remat.solvers.planner as planner
+
+    planner.clear_caches()
+    g = _long_skip()
+    runs = []
+    real = planner._exact
+    monkeypatch.setattr(planner, "_exact", lambda *args: runs.append(args[1]) or real(*args))
+    first = solve("hierarchical", g, 10**6)
+    second = solve("hierarchical", g, 10**6)
+    assert runs == [10**6] and first.schedule() == second.schedule()
+    solve("hierarchical", g, 10**6 - 100)  # another budget: solved
+    assert runs == [10**6, 10**6 - 100]
+
+
 def test_a_budget_below_every_plan_names_the_minimum_when_a_solver_does_not_apply():
     """``auto``'s fallbacks include rotor, which refuses this graph: the error still names the
     smallest budget (it raised a KeyError once, from the refused solver's missing minimum)."""

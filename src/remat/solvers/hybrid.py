@@ -74,7 +74,7 @@ from ..graph import Graph
 from ..plan import Plan
 from ..simulate import has_transfer_costs
 from .hybrid_search import Evaluation, GreedySearch, State
-from .planner import recomputation_plan, store_all_plan
+from .planner import on_graph, recomputation_plan, recomputation_twin, store_all_plan
 from .registry import register, solve
 
 DEFAULT_TIME_LIMIT = 30.0  # for the recomputation planners that make the start
@@ -92,8 +92,8 @@ def _starts(graph: Graph, budget: int, time_limit: float) -> list[Plan]:
     plan = recomputation_plan(graph, budget, time_limit=time_limit)
     store_all = store_all_plan(graph)
     plans = [plan] if plan.schedule() == store_all.schedule() else [plan, store_all]
-    try:
-        other = solve("hierarchical", graph, budget, time_limit=time_limit)
+    try:  # planned without the transfer costs, which it does not read: shares the work auto did (recomputation_twin)
+        other = on_graph(solve("hierarchical", recomputation_twin(graph), budget, time_limit=time_limit), graph)
     except SolverError:
         return plans
     if all(other.schedule() != p.schedule() for p in plans):

@@ -55,6 +55,7 @@ and which of those are the solver's proven minimum.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import time
 from contextlib import contextmanager
@@ -106,6 +107,32 @@ def clear_caches() -> None:
 def uses_swaps(graph: Graph) -> bool:
     """Whether ``auto`` also considers swapping (the ``hybrid`` solver): the graph has transfer costs."""
     return has_transfer_costs(graph)
+
+
+def recomputation_twin(graph: Graph) -> Graph:
+    """``graph`` without its offload tier's costs (``graph`` itself where it has none). What the
+    recomputation solvers plan does not depend on those costs, so ``auto`` plans them on this twin:
+    the twin's memo is that of every graph with its planning key, so the work is shared with the same
+    step planned without the offload tier (``remat.compile`` plans a step both ways, and the second
+    way used to solve the recomputation solvers' part again: a 2-layer GPT-2 at 0.4 spent 15 s more
+    in CP-SAT for the same plan) and between the calls of one planning run. ``graph``'s memo holds the
+    twin, so the twin's memo lives as long as ``graph``'s."""
+    if "transfer" not in graph.meta:
+        return graph
+    return graph.memo.cached(("recomputation twin",), lambda: dataclasses.replace(
+        graph, meta={k: v for k, v in graph.meta.items() if k != "transfer"}))
+
+
+def on_graph(plan: Plan | None, graph: Graph) -> Plan | None:
+    """A plan of :func:`recomputation_twin` as a plan of ``graph``: the same instructions and the same
+    simulation (a plan without offloads is simulated alike with or without the transfer costs)."""
+    if plan is None or plan.graph is graph:
+        return plan
+    if plan.offloaded_values:
+        raise SolverError(f"a plan of {plan.graph.name!r} that offloads cannot move to another graph")
+    plan = copy.copy(plan)
+    plan.graph = graph
+    return plan
 
 
 def auto_candidates(graph: Graph) -> list[str]:
@@ -307,10 +334,10 @@ def _auto(graph: Graph, budget_bytes, time_limit, options, fraction, swaps: bool
     if _fits(reordered, budget_bytes):  # the same work in another order: nothing recomputed either
         return _for_budget(reordered, budget_bytes, **{"chosen by": "auto among store_all, reorder"})
     if not (swaps and uses_swaps(graph)):
-        best, names = _auto_recompute(graph, budget_bytes, time_limit, options, fraction, swaps=swaps)
+        best, names = _recomputation_choice(graph, budget_bytes, time_limit, options, fraction, swaps)
         return _for_budget(best, budget_bytes, **{"chosen by": f"auto among {', '.join(names)}"})
     try:
-        best, names = _auto_recompute(graph, budget_bytes, time_limit, options, fraction, swaps=False)
+        best, names = _recomputation_choice(graph, budget_bytes, time_limit, options, fraction, False)
     except InfeasibleBudgetError:  # recomputation alone cannot reach the budget
         best, names = None, []
     graph.memo[("recompute",) + _plan_key(budget_bytes, "auto", options)] = best
@@ -328,11 +355,16 @@ def _auto(graph: Graph, budget_bytes, time_limit, options, fraction, swaps: bool
 
 def exact_plan(graph: Graph, budget_bytes, time_limit, options=None) -> Plan | None:
     """The cheapest fitting plan of :func:`_exact`'s (else its smallest peak): the exact planners'
-    answer for ``graph``, which the hierarchical planner gives a graph without block structure."""
-    _, plans = _exact(graph, budget_bytes, time_limit, options or {})
-    plans = [p for p in plans if p is not None]
-    fitting = [p for p in plans if _fits(p, budget_bytes)]
-    return _cheapest(fitting) if fitting else (_smallest_of(plans) if plans else None)
+    answer for ``graph``, which the hierarchical planner gives a graph without block structure. Once
+    per budget and options (memoised, like a plan): the hybrid solver asks the hierarchical planner
+    again at the budget ``auto`` asked it, and the exact planners use their whole time limit there."""
+    def solved():
+        _, plans = _exact(graph, budget_bytes, time_limit, options or {})
+        plans = [p for p in plans if p is not None]
+        fitting = [p for p in plans if _fits(p, budget_bytes)]
+        return _cheapest(fitting) if fitting else (_smallest_of(plans) if plans else None)
+
+    return graph.memo.cached(("exact",) + _plan_key(budget_bytes, "exact", options or {}), solved)
 
 
 def _exact(graph: Graph, budget_bytes, time_limit, options) -> tuple[list[str], list[Plan | None]]:
@@ -356,6 +388,34 @@ def _exact(graph: Graph, budget_bytes, time_limit, options) -> tuple[list[str], 
     left = max(1.0, time_limit - (time.perf_counter() - start))
     warm = {"warm_plans": [first]} if _fits(first, budget_bytes) else {}
     return ["cpsat", "checkmate"], [first, _run("checkmate", graph, budget_bytes, left, options, True, warm)]
+
+
+def _recomputation_choice(graph: Graph, budget_bytes, time_limit, options, fraction, swaps: bool):
+    """:func:`_auto_recompute` on :func:`recomputation_twin`, once per budget and options (memoised
+    there, like a plan: the time limit is not part of the key), as a plan of ``graph``."""
+    twin = recomputation_twin(graph)
+    if swaps and twin is not graph:  # the minimum an infeasible budget names counts the swapping solvers too
+        twin = graph
+    key = ("auto recompute",) + _plan_key(budget_bytes, "auto", options)
+    try:
+        best, names = twin.memo.cached(key, lambda: _auto_recompute(twin, budget_bytes, time_limit, options, fraction,
+                                                                    swaps=swaps))
+    finally:
+        _learn_minima(graph, twin)
+    return on_graph(best, graph), list(names)
+
+
+def _learn_minima(graph: Graph, twin: Graph) -> None:
+    """What the recomputation solvers taught about ``twin`` (each one's smallest plan seen, and which
+    of those are its own minimum) as knowledge of ``graph``, where the smallest budget is looked up."""
+    if twin is graph:
+        return
+    for key, plan in list(twin.memo.items()):
+        if key[0] == "smallest" and plan is not None:
+            old = graph.memo.get(key)
+            if old is None or (plan.peak_bytes, plan.step_seconds) < (old.peak_bytes, old.step_seconds):
+                graph.memo[key] = on_graph(plan, graph)
+    _minimum_known(graph).update(_minimum_known(twin))
 
 
 def _auto_recompute(graph: Graph, budget_bytes, time_limit, options, fraction, swaps: bool = True):
@@ -512,5 +572,5 @@ def _infeasible(graph: Graph, budget_bytes: int, smallest: Plan, solver: str, fr
     return _error(graph, budget_bytes, smallest, detail, solver, fraction)
 
 
-__all__ = ["make_plan", "given_plan", "resolve", "quick_minimum", "smallest_plan", "recomputation_plan", "uses_swaps", "solver_minimum", "store_all_plan", "reordered_store_all_plan", "auto_candidates",
+__all__ = ["make_plan", "given_plan", "recomputation_twin", "on_graph", "resolve", "quick_minimum", "smallest_plan", "recomputation_plan", "uses_swaps", "solver_minimum", "store_all_plan", "reordered_store_all_plan", "auto_candidates",
            "auto_solvers", "clear_caches", "is_min"]
