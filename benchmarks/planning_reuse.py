@@ -6,7 +6,7 @@ Run: ``.venv/bin/python benchmarks/planning_reuse.py --baseline-src PATH [--roun
 Under Inductor a step whose recomputation plan costs much more than storing everything is planned
 again with the offload tier's costs (``auto`` then also runs the ``hybrid`` solver). Case: the zoo's
 2-layer GPT-2 (width 64, vocabulary 300, 2 x 64 tokens) compiled at a fraction of 0.4, calibration
-off, a fresh plan cache. Each checkout in a fresh process, alternating, ``rounds`` times; reported:
+off, a fresh plan cache. Each checkout in a fresh process (one torch thread), alternating, ``rounds`` times; reported:
 the seconds ``remat.compile`` took to its first plan (capture, planning, lowering, Inductor's
 compilation), the plan's predicted peak and step, and the ratio now / before.
 """
