@@ -124,6 +124,22 @@ def test_recomputation_is_planned_once_for_a_step_with_and_without_transfer_cost
     assert start.graph is g and start.schedule() == plain.schedule() and start.peak_bytes == plain.peak_bytes
 
 
+def test_the_smallest_budget_of_a_step_with_transfer_costs_runs_no_recomputation_solver_twice(monkeypatch):
+    """``budget="min"`` looks up every solver's minimum, then plans: a solver that does not swap runs on
+    the step without its transfer costs only (its minimum learnt from there), not on both."""
+    import remat.solvers.planner as planner
+
+    g = chain(n=8, bandwidth=1e9)
+    runs = []
+    real = planner._run
+    monkeypatch.setattr(planner, "_run", lambda name, graph, *args, **kwargs: runs.append((name, graph))
+                        or real(name, graph, *args, **kwargs))
+    plan = make_plan(g, "min")
+    assert plan.graph is g and plan.peak_bytes == smallest_plan(g).peak_bytes
+    on_costed = [name for name, graph in runs if graph is g]
+    assert on_costed and set(on_costed) <= set(planner.SWAPPING_SOLVERS)
+
+
 def test_no_budget_is_store_all():
     g = chain()
     plan = solve("hybrid", g, None)

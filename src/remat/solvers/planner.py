@@ -76,6 +76,7 @@ FAST_SOLVERS = ("checkpoint_all", "chen_sqrt", "chen_greedy", "rotor", "hierarch
 # solvers whose plan at a budget they cannot meet is already their smallest-peak plan (the MILP
 # then minimises the peak): their minimum is learnt from that plan, not from a second solve
 MINIMUM_WHEN_INFEASIBLE = ("checkmate", "checkmate_lp", "cpsat")
+SWAPPING_SOLVERS = ("hybrid", "checkmate_swap")  # the solvers that read the transfer costs
 # the budget to raise to when a budget is below the lower bound: these solvers' smallest plans (each
 # a sweep or a DP, no search), with the smallest-peak plans already known for the graph
 # (rotor is left out: its DP at budget 0 took 11 s on the zoo's MobileNet)
@@ -185,20 +186,28 @@ def reordered_store_all_plan(graph: Graph) -> Plan:
 
 
 def _solved_once(graph: Graph, name: str, time_limit: float | None = None) -> Plan:
-    """``name``'s plan of ``graph`` without a budget, solved once and kept as its known minimum."""
+    """``name``'s plan of ``graph`` without a budget, solved once and kept as its known minimum
+    (solved on :func:`recomputation_twin`: ``store_all`` and ``reorder`` read no transfer costs)."""
     key = _smallest_key(name, {})
     if key not in _minimum_known(graph):
-        graph.memo[key] = solve(name, graph, None, time_limit=time_limit)
+        twin = recomputation_twin(graph)
+        graph.memo[key] = (solve(name, graph, None, time_limit=time_limit) if twin is graph
+                           else on_graph(_solved_once(twin, name, time_limit), graph))
         _minimum_known(graph).add(key)
     return graph.memo[key]
 
 
 def solver_minimum(graph: Graph, name: str, *, time_limit: float | None = None, **options) -> Plan | None:
     """The plan of smallest peak ``name`` makes on ``graph`` (solved at budget 0 once, then
-    cached; a smaller one seen at another budget wins); None when the solver does not apply."""
+    cached; a smaller one seen at another budget wins); None when the solver does not apply. A solver
+    that does not swap is solved on :func:`recomputation_twin` and what it learns copied back."""
     if name == "store_all":
         return store_all_plan(graph)
     key = _smallest_key(name, options)
+    twin = recomputation_twin(graph)
+    if key not in _minimum_known(graph) and twin is not graph and name not in SWAPPING_SOLVERS:
+        solver_minimum(twin, name, time_limit=time_limit, **options)
+        _learn_minima(graph, twin)
     if key not in _minimum_known(graph):
         _run(name, graph, 0, time_limit, options, skip_inapplicable=True)
         _minimum_known(graph).add(key)
@@ -410,12 +419,14 @@ def _learn_minima(graph: Graph, twin: Graph) -> None:
     of those are its own minimum) as knowledge of ``graph``, where the smallest budget is looked up."""
     if twin is graph:
         return
-    for key, plan in list(twin.memo.items()):
-        if key[0] == "smallest" and plan is not None:
-            old = graph.memo.get(key)
-            if old is None or (plan.peak_bytes, plan.step_seconds) < (old.peak_bytes, old.step_seconds):
-                graph.memo[key] = on_graph(plan, graph)
-    _minimum_known(graph).update(_minimum_known(twin))
+    learnt = [(key, plan) for key, plan in list(twin.memo.items())
+              if key[0] == "smallest" and key[1] not in SWAPPING_SOLVERS and plan is not None]
+    for key, plan in learnt:
+        old = graph.memo.get(key)
+        if old is None or (plan.peak_bytes, plan.step_seconds) < (old.peak_bytes, old.step_seconds):
+            graph.memo[key] = on_graph(plan, graph)
+    known = _minimum_known(twin)
+    _minimum_known(graph).update(key for key, _ in learnt if key in known)
 
 
 def _auto_recompute(graph: Graph, budget_bytes, time_limit, options, fraction, swaps: bool = True):
