@@ -258,7 +258,7 @@ class _Grower:
                         inside = self.site.splits.keys() | self.site.states.keys()
         site = self._checked()
         if site is None and grown:
-            self.site.states, self.site.splits, self.site.reads = (dict(d) for d in before)
+            self.site.states, self.site.splits, self.site.reads = before  # (copies the growth left alone)
             site = self._checked()
         return site
 

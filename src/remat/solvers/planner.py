@@ -402,9 +402,7 @@ def _exact(graph: Graph, budget_bytes, time_limit, options) -> tuple[list[str], 
 def _recomputation_choice(graph: Graph, budget_bytes, time_limit, options, fraction, swaps: bool):
     """:func:`_auto_recompute` on :func:`recomputation_twin`, once per budget and options (memoised
     there, like a plan: the time limit is not part of the key), as a plan of ``graph``."""
-    twin = recomputation_twin(graph)
-    if swaps and twin is not graph:  # the minimum an infeasible budget names counts the swapping solvers too
-        twin = graph
+    twin = recomputation_twin(graph)  # (``swaps`` is True only for a graph without transfer costs: its own twin)
     key = ("auto recompute",) + _plan_key(budget_bytes, "auto", options)
     try:
         best, names = twin.memo.cached(key, lambda: _auto_recompute(twin, budget_bytes, time_limit, options, fraction,
