@@ -17,12 +17,14 @@ from .test_plan import chain
 BASELINES = [s for s in ("checkpoint_all", "chen_sqrt", "chen_sqrt_ap", "chen_greedy", "chen_greedy_ap", "revolve") if s in SOLVERS]
 
 
-def random_training_graph(draw, max_forward=5, held_outputs=False):
+def random_training_graph(draw, max_forward=5, held_outputs=False, weight_ops=False):
     """A forward DAG (each op reads 1-2 earlier activations or the input, makes 1-2 values),
     a scalar loss, and a backward in which op i's backward reads the gradients of its outputs
     and some of its inputs and outputs, and makes gradients for its inputs and a weight.
     ``held_outputs``: some forward values are also forward outputs, which the user holds (like
-    batch norm's running statistics, read again by its backward)."""
+    batch norm's running statistics, read again by its backward). ``weight_ops``: the weight's
+    gradient has an op of its own, which no other op reads (a linear layer's ``mm`` of its output's
+    gradient with its input): an order may run it early or defer it."""
     b = GraphBuilder("random")
     x = b.input("x", draw(st.integers(1, 50)))
     k = draw(st.integers(2, max_forward))
@@ -47,10 +49,14 @@ def random_training_graph(draw, max_forward=5, held_outputs=False):
         incoming = [g for v in made[i] for g in grad_of.get(v, [])]
         acts_in = [v for v in reads[i] if v != x]
         sizes = [b.values[v].bytes for v in acts_in] + [draw(st.integers(1, 20))]
-        outs = b.op(f"b{i}", incoming + saved, sizes, phase=BACKWARD, cost=draw(st.integers(1, 5)))
+        if weight_ops:
+            weight_reads = draw(st.lists(st.sampled_from(saved), max_size=1))
+            (weight,) = b.op(f"b{i}w", incoming + weight_reads, sizes[-1:], phase=BACKWARD, cost=draw(st.integers(1, 5)))
+            sizes = sizes[:-1]
+        outs = b.op(f"b{i}", incoming + saved, sizes, phase=BACKWARD, cost=draw(st.integers(1, 5))) if sizes else []
         for v, g in zip(acts_in, outs):
             grad_of.setdefault(v, []).append(g)
-        weights.append(outs[-1])
+        weights.append(weight if weight_ops else outs[-1])
     held = draw(st.lists(st.sampled_from([v for outs in made for v in outs]), unique=True)) if held_outputs else []
     return b.build(forward_outputs=[loss, *held], backward_outputs=weights)
 

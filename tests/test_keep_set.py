@@ -83,7 +83,7 @@ def test_auto_also_runs_keep_set_where_it_runs_the_hierarchical_planner():
 def test_a_keep_set_plan_runs_with_the_unplanned_steps_gradients_bitwise():
     ex = fresh("resnet18")  # batch norm: its statistics updated once
     ref = run_step(ex, optimized(fresh("resnet18"), solver="store_all"))
-    module = optimized(ex, solver="keep_set", budget=0.7)
+    module = optimized(ex, solver="keep_set", budget="min")  # (0.7 missed it on an AMD EPYC: 0.758)
     assert module.plan.solver == "keep_set" and module.plan.recomputations > 0
     assert_bitwise(run_step(ex, module), ref)
 

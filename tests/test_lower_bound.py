@@ -19,10 +19,12 @@ from hypothesis import strategies as st
 import remat
 from remat import models
 from remat.errors import InfeasibleBudgetError
+from remat.graph import BACKWARD
+from remat.plan import Plan
 from remat.simulate import dependency_lower_bound, fixed_order_lower_bound, peak_lower_bound
 from remat.solvers import SOLVERS, solve
 from remat.solvers import checkmate as checkmate_module
-from remat.solvers.planner import make_plan, smallest_plan
+from remat.solvers.planner import QUICK_MINIMUM_SOLVERS, make_plan, smallest_plan
 
 from .exhaustive import cheapest_plan
 from .test_checkmate import random_training_graph
@@ -75,8 +77,15 @@ def test_a_budget_below_the_bound_is_refused_without_searching(monkeypatch):
     err = info.value
     assert err.lower_bound_bytes == peak_lower_bound(g) <= err.min_budget_bytes
     monkeypatch.undo()
-    plan = make_plan(g, err.min_budget_bytes, solver="chen_greedy")  # the budget it names plans
-    assert plan.peak_bytes <= err.min_budget_bytes
+    # the budget it names plans: it is the smallest peak of one of the quick planners (which one
+    # depends on the CPU: oneDNN's convolution workspaces vary between Intel and AMD)
+    fitting = []
+    for name in QUICK_MINIMUM_SOLVERS:
+        try:
+            fitting.append(make_plan(g, err.min_budget_bytes, solver=name))
+        except InfeasibleBudgetError:
+            pass
+    assert fitting and all(plan.peak_bytes <= err.min_budget_bytes for plan in fitting)
 
 
 def test_checkmates_smallest_peak_is_solved_once_per_graph(monkeypatch):
@@ -114,6 +123,74 @@ def test_no_plan_in_the_graphs_order_peaks_below_its_bound_on_random_graphs(data
         except remat.RematError:  # rotor: not a chain
             continue
         assert any_order <= plan.peak_bytes, name
+
+
+def _backward_orders(graph, limit=400):
+    """Up to ``limit`` orders of the backward nodes that the data allows (depth first)."""
+    nodes = [n.id for n in graph.backward_nodes]
+    needs = {n: {graph.values[v].producer for v in graph.nodes[n].inputs} & set(nodes) for n in nodes}
+    found = []
+
+    def extend(order, done):
+        if len(found) >= limit:
+            return
+        if len(order) == len(nodes):
+            found.append(list(order))
+            return
+        for n in nodes:
+            if n not in done and needs[n] <= done:
+                extend(order + [n], done | {n})
+
+    extend([], set())
+    return found
+
+
+def _just_in_time(graph, order):
+    """``order`` with each backward node's forward inputs recomputed right before it (from the
+    step's inputs): the plan that keeps no forward value across the boundary."""
+    seq = []
+    for n in order:
+        need, stack = set(), [graph.values[v].producer for v in graph.nodes[n].inputs]
+        while stack:
+            p = stack.pop()
+            if p is not None and graph.nodes[p].phase != BACKWARD and p not in need:
+                need.add(p)
+                stack += [graph.values[v].producer for v in graph.nodes[p].inputs]
+        seq += sorted(need) + [n]
+    return seq
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_no_order_of_a_backward_with_weight_gradient_ops_peaks_below_the_dependency_bound(data):
+    """A weight gradient made by an op of its own may run early (its gradient then lives to the end)
+    or late (the gradient it reads lives until then): the dependency bound counts the cheaper of the
+    two. Every order of the backward, keeping every forward value or recomputing each just in time,
+    and every solver's plan stay at or above it."""
+    g = random_training_graph(data.draw, max_forward=4, held_outputs=data.draw(st.booleans()), weight_ops=True)
+    bound = dependency_lower_bound(g)
+    assert peak_lower_bound(g) <= bound <= fixed_order_lower_bound(g)
+    forward = [n.id for n in g.nodes if n.phase != BACKWARD and n.outputs]
+    for order in _backward_orders(g):
+        for backward in (order, _just_in_time(g, order)):
+            plan = Plan.from_schedule(g, forward, backward)
+            assert bound <= plan.peak_bytes, (order, backward)
+    for name in ("checkpoint_all", "chen_greedy", "rotor", "hierarchical", "reorder", "checkmate"):
+        try:
+            plan = solve(name, g, None if name == "reorder" else 0)
+        except remat.RematError:  # rotor: not a chain
+            continue
+        assert bound <= plan.peak_bytes, name
+
+
+def test_an_mlps_deferrable_weight_gradients_are_counted():
+    """On an MLP each layer's weight gradient has an op of its own, which the chain planners may
+    defer: before it runs, the output gradient it reads is alive, after, the weight's gradient. The
+    bound counts the smaller, and comes within 1% of the smallest peak."""
+    ex = models.build("mlp", size="tiny", batch=512)  # activations larger than the weights, as in training
+    g = remat.plan(ex.model, *ex.args, solver="store_all", cache=False, **ex.kwargs).graph
+    smallest = smallest_plan(g, "auto", thorough=False).peak_bytes
+    assert dependency_lower_bound(g) <= smallest < 1.01 * dependency_lower_bound(g)  # 10.8% below it before
 
 
 def _deferring_chain():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import copy
 
 import pytest
@@ -14,6 +15,7 @@ import remat
 from remat.api import capture_and_plan
 from remat.errors import InfeasibleBudgetError
 from remat.measure import measure_step
+from remat.simulate import simulate
 
 MiB = 2**20
 
@@ -154,7 +156,17 @@ def test_a_split_weight_gradient_accumulates_in_place(monkeypatch, bf16):
     monkeypatch.setattr(joint, "inplace_accumulations", lambda *args: {})
     out_of_place, same_grads, measured_out = run()
     assert measured_out == out_of_place.peak_bytes
-    assert plan.peak_bytes <= out_of_place.peak_bytes - (1 if bf16 else 2) * MiB  # the weight's gradient: 4 MiB (bf16: 2)
+    # at each write into the total the step holds one total less: the same instructions simulated
+    # without the in-place writes hold the total's bytes more there
+    plain = dataclasses.replace(graph, meta={k: v for k, v in graph.meta.items() if k not in ("inplace_reuse", "inplace_eager")})
+    without = simulate(plain, plan.instructions, plan.boundary).timeline
+    for i, v_in, _ in plan.simulation.reused:
+        if i in into_totals:
+            assert without[i] - plan.simulation.timeline[i] >= graph.values[v_in].bytes
+    assert plan.peak_bytes <= out_of_place.peak_bytes
+    if not bf16:  # the peak is at the total: the weight's gradient, 4 MiB (under bf16 it was on an Intel
+        # Xeon, 2 MiB lower; on an AMD EPYC the bf16 step peaks elsewhere, equal with and without)
+        assert plan.peak_bytes <= out_of_place.peak_bytes - 2 * MiB
     assert grads.keys() == same_grads.keys() and all(torch.equal(grads[n], same_grads[n]) for n in grads)
 
 

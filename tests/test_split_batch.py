@@ -122,14 +122,20 @@ def test_smallest_split_plan_of_a_batchnorm_cnn_runs_exactly():
             return ex.loss(self.model(x))
 
     model, (x,) = WithLoss(), ex.args
-    eager_loss, eager = _grads(copy.deepcopy(model), x)
+    eager_loss, _ = _grads(copy.deepcopy(model), x)
     # the flops cost model: a plan independent of measured times (this one met the clash)
     wrapped = remat.optimize(copy.deepcopy(model), x, budget="min", solver="keep_set", split=16, cost_model="flops",
                              cache=False)
     assert wrapped.plan.recomputations > 0 and wrapped.plan.info["split"]["chunks"] == 16
     loss, grads = _grads(wrapped, x)
     torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=0)
-    _close(grads, eager, rtol=1e-4, atol=1e-5)
+    # against the same split step unplanned, bitwise (the clash gave wrong gradients silently). Not
+    # against eager: the split batch norm rounds its output differently (1e-7), and on an AMD EPYC one
+    # of its outputs lies within 1e-6 of zero, so the ReLU after it lets that element's gradient through
+    # in one and not the other: a bias gradient 2e-3 apart (with SiLU both are within 1e-5 of float64)
+    unplanned = remat.optimize(copy.deepcopy(model), x, solver="store_all", split=16, cost_model="flops", cache=False)
+    _, same = _grads(unplanned, x)
+    assert grads.keys() == same.keys() and all(torch.equal(grads[n], same[n]) for n in grads)
 
 
 def test_remat_compile_splits_for_inductor():

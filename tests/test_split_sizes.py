@@ -88,7 +88,8 @@ def test_a_split_of_a_step_with_symbolic_sizes_runs_every_size_of_its_bucket(cas
         assert [x.shape for x in got] == [x.shape for x in want]
         for a, b in zip(got, want):  # rows bitwise where split by rows; sums over chunks in another order
             assert (a - b).abs().max() <= 1e-5 * b.abs().max(), (length, (a - b).abs().max(), b.abs().max())
-        assert sum(torch.equal(a, b) for a, b in zip(got, want)) >= len(want) // 3  # the row-wise ones
+        # (the row-wise ones were bitwise on an Intel Xeon, not on an AMD EPYC, whose gemm rounds a chunk
+        # of rows differently from the whole: the tolerance above is what holds on every CPU)
 
 
 def test_chunks_at_every_size_of_a_bucket_are_no_larger_than_at_its_edge():
