@@ -329,16 +329,23 @@ def test_compiles_split_search_takes_more_chunks_while_each_is_predicted_faster(
     FASTER_SPLIT_OVERHEAD or the first not faster enough."""
     from types import SimpleNamespace
 
+    from remat.capture.split_choice import NOT_FASTER
     from remat.inductor.partition import RematPartitioner
     from remat.solvers.options import BackendOptions
 
     def stand_in(step, overhead):
         return SimpleNamespace(simulation=SimpleNamespace(step_seconds=step), step_overhead=overhead, info={})
 
+    asked = []
+
     def search(steps: dict, baseline):
-        def quick(self, gm, n, device, costs, sites, chunks, *rest):
+        def quick(self, gm, n, device, costs, sites, chunks, *rest, within=None):
+            asked.append((chunks, within))
+            if steps.get(chunks) == NOT_FASTER:
+                return NOT_FASTER
             return None if steps.get(chunks) is None else ("capture", "fused", stand_in(*steps[chunks]))
         monkeypatch.setattr(RematPartitioner, "_quick_split_plan", quick)
+        asked.clear()
         found = RematPartitioner(BackendOptions())._faster_split(None, 1, "cpu", None, baseline, ["a site"],
                                                                   (2, 4, 8, 16), None, "2 chunks'")
         return None if found is None else found[0]
@@ -350,3 +357,7 @@ def test_compiles_split_search_takes_more_chunks_while_each_is_predicted_faster(
     assert search({2: (1.10, 0.10), 4: (1.05, 0.05), 8: (1.04, 0.04)}, slow) == 4
     # nothing 2% faster than the baseline
     assert search({2: (1.19, 0.19), 4: (1.18, 0.18)}, slow) is None
+    # each count is asked for a plan 2% faster than the best so far; one whose store-all step is already
+    # slower than that is not planned, and neither are more chunks
+    assert search({2: (1.10, 0.10), 4: NOT_FASTER, 8: (1.0, 0.0)}, slow) == 2
+    assert asked == [(2, pytest.approx(1.20 * 0.98)), (4, pytest.approx(1.10 * 0.98))]

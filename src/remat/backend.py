@@ -25,7 +25,7 @@ from .budget import bytes_to_fraction, fixed_bytes, is_fraction, is_min
 from .capture import capture_joint, joint_device
 from .capture.shapes import is_dynamic
 from .capture.split import FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_info, split_joint
-from .capture.split_choice import faster_chunks, graded_chunks, lower_enough, smallest_chunks
+from .capture.split_choice import NOT_FASTER, faster_chunks, graded_chunks, lower_enough, smallest_chunks
 from .capture.split_sizes import SymbolicSizes, chunk_counts
 from .cost import make_cost_fn, make_workspace_fn
 from .errors import InfeasibleBudgetError, RematError, through_dynamo
@@ -229,8 +229,11 @@ def _faster_of(baseline, chunked, sites, budget_bytes: int, plan, factors, label
     chunks; ``label`` names it), or a split step's plan by ``SPLIT_FIRST_SOLVER`` within
     ``budget_bytes`` taken for speed by :func:`~remat.capture.split_choice.faster_chunks`, where the quick
     planners fit the split step (a factor that needs a full search to fit is not worth one for speed)."""
-    def plan_for(k):
-        if quick_minimum(chunked(k).graph) > budget_bytes:
+    def plan_for(k, within: float):
+        graph = chunked(k).graph
+        if store_all_plan(graph).simulation.step_seconds >= within:
+            return NOT_FASTER
+        if quick_minimum(graph) > budget_bytes:
             return None
         return _split_plan(chunked, plan, sites, k, budget_bytes)
 

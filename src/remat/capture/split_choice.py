@@ -58,17 +58,26 @@ def lower_enough(split_peak: int, unsplit_peak: int) -> bool:
     return split_peak < unsplit_peak * (1 - MIN_GAIN)
 
 
+NOT_FASTER = "not faster"  # faster_chunks' plan_for: the split step's store-all step is already too slow
+
+
 def faster_chunks(baseline, factors, plan_for: Callable[[int], tuple | None], label: str):
-    """``(k, plan_for(k))`` for the chunk count of ``factors`` taken for speed over ``baseline`` (a
-    plan: of the step unsplit, or split into fewer chunks; ``label`` names it), or None. ``plan_for(k)``
-    is a tuple ending with the split step's plan within the budget, None where no quick plan fits.
+    """``(k, plan_for(k, within))`` for the chunk count of ``factors`` taken for speed over ``baseline`` (a
+    plan: of the step unsplit, or split into fewer chunks; ``label`` names it), or None.
+    ``plan_for(k, within)`` is a tuple ending with the split step's plan within the budget, None where
+    no quick plan fits, or ``NOT_FASTER`` where no plan of the split step can take less than ``within``
+    seconds: its store-all step (each op once, no stall) already takes that long, so it returns
+    without planning, and more chunks (more launches) are not tried either (on a 2-layer GPT-2 under
+    Inductor that skipped a 72 s search whose plan was slower anyway).
     Counts are taken in turn while each plan's predicted step (compute and stalls) is
     ``FASTER_SPLIT_GAIN`` below the one before, up to the first whose overhead is at most
     ``FASTER_SPLIT_OVERHEAD`` (little recomputation left for more chunks to save). The rule of both
     lowerings: the eager backend and the Inductor partitioner."""
     best, chosen = baseline, None
     for k in factors:
-        result = plan_for(k)
+        result = plan_for(k, best.simulation.step_seconds * (1 - FASTER_SPLIT_GAIN))
+        if result is NOT_FASTER:
+            break
         if result is None:
             continue
         plan = result[-1]
@@ -108,4 +117,4 @@ def graded_chunks(chosen: tuple, sites: list[Site], plan_for: Callable[[tuple], 
     return (counts, graded) if better else chosen
 
 
-__all__ = ["MIN_GAIN", "faster_chunks", "graded_chunks", "lower_enough", "site_chunks", "smallest_chunks"]
+__all__ = ["MIN_GAIN", "NOT_FASTER", "faster_chunks", "graded_chunks", "lower_enough", "site_chunks", "smallest_chunks"]

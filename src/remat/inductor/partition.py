@@ -89,7 +89,7 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from ..budget import is_fraction
 from ..capture import capture_joint, joint_device
 from ..capture.split import FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_info, split_joint
-from ..capture.split_choice import faster_chunks, lower_enough, smallest_chunks
+from ..capture.split_choice import NOT_FASTER, faster_chunks, lower_enough, smallest_chunks
 from ..capture.shapes import bucket_key, concrete_joint, guard_bucket, is_dynamic, name_bucket, refuse_unless_monotone
 from ..capture.split_sizes import SymbolicSizes, chunk_counts
 from ..cost import INDUCTOR_COST_MODEL, make_cost_fn, make_workspace_fn
@@ -297,14 +297,15 @@ class RematPartitioner(CustomPartitionerFn):
         return resolve(fused.graph, self.options.budget, self.options.solver)
 
     def _quick_split_plan(self, planned_gm, num_fwd_outputs, device, costs, sites, chunks, budget_bytes,
-                          bucket=None, key=None, sizes=None):
+                          bucket=None, key=None, sizes=None, within: float | None = None):
         """(capture, fused, plan) of the step with ``sites`` split into ``chunks``, where a quick plan fits
         (``budget_bytes``: the unsplit step's, None: the options' budget resolved on the split step); None
-        where none fits or the plan is infeasible. ``sizes``: the bucket's (:mod:`remat.capture.split_sizes`)."""
+        where none fits or the plan is infeasible; ``NOT_FASTER`` where (``within``, seconds) the split step's
+        store-all step already takes that long. ``sizes``: the bucket's (:mod:`remat.capture.split_sizes`)."""
         try:
             return self._capture_and_plan(split_joint(planned_gm, num_fwd_outputs, sites, chunks, sizes), num_fwd_outputs,
                                           device, costs, bucket, key, split_step=True, quick_only=True,
-                                          budget_bytes=budget_bytes)
+                                          budget_bytes=budget_bytes, within=within)
         except InfeasibleBudgetError:
             return None
 
@@ -356,21 +357,26 @@ class RematPartitioner(CustomPartitionerFn):
         for speed over ``baseline`` by :func:`~remat.capture.split_choice.faster_chunks` (``label`` names it),
         each planned at ``budget_bytes`` as :meth:`_quick_split_plan` plans it (only where a quick plan
         fits, as the eager backend does). None: no split plan is that much faster."""
-        return faster_chunks(baseline, factors if sites else (), lambda chunks: self._quick_split_plan(
-            planned_gm, num_fwd_outputs, device, costs, sites, chunks, budget_bytes, bucket, key, sizes), label)
+        return faster_chunks(baseline, factors if sites else (), lambda chunks, within: self._quick_split_plan(
+            planned_gm, num_fwd_outputs, device, costs, sites, chunks, budget_bytes, bucket, key, sizes,
+            within=within), label)
 
     def _capture_and_plan(self, planned_gm, num_fwd_outputs, device, costs, bucket, key, split_step=False,
-                          quick_only=False, budget_bytes: int | None = None):
+                          quick_only=False, budget_bytes: int | None = None, within: float | None = None):
         """Capture, fuse and plan one joint graph: (capture, fused graph, plan). Auto offloads below
         what recomputation reaches, or where that is much cheaper. ``split_step``: a split step,
         planned by ``SPLIT_FIRST_SOLVER`` first; ``quick_only``: None unless a quick plan fits;
-        ``budget_bytes``: the budget in bytes, instead of the options' budget resolved on this graph."""
+        ``budget_bytes``: the budget in bytes, instead of the options' budget resolved on this graph;
+        ``within``: ``NOT_FASTER``, without planning, where the store-all step (a floor on every plan's)
+        takes at least these seconds."""
         opts = self.options
         capture, fused = self._capture_and_fuse(
             planned_gm, num_fwd_outputs, device, costs,
             transfer=compiled_transfer_meta(device) if opts.solver in OFFLOADING_SOLVERS else None)
         if quick_only and not self._quick_plan_fits(fused, budget_bytes):
             return None  # auto's full search on a split step takes minutes: only where a quick plan fits
+        if within is not None and store_all_plan(fused.graph).simulation.step_seconds >= within:
+            return NOT_FASTER  # no plan of this step can be that fast
         may_offload = opts.solver == "auto" and opts.plan is None and bucket is None
         if may_offload and is_min(opts.budget):  # the smallest peak, offloading included
             fused = with_transfer_costs(fused, compiled_transfer_meta(device))
