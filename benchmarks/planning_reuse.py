@@ -49,6 +49,7 @@ def main() -> None:
     ap.add_argument("--baseline-src", type=Path, required=True, help="the other checkout's src folder")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=HERE / "planning_reuse.md")
+    ap.add_argument("--title", default="remat.compile's planning: the recomputation solvers once per step")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
     from common import git_revision, machine_facts
@@ -67,7 +68,7 @@ def main() -> None:
                     f"{now[1]} B, {now[2] * 1e3:.4f} ms |")
         print(rows[-1], flush=True)
     text = "\n".join([
-        "# remat.compile's planning: the recomputation solvers once per step", "",
+        f"# {args.title}", "",
         f"`benchmarks/planning_reuse.py` at {git_revision()} against {revision(args.baseline_src)}, {started}; {machine_facts()}.", "",
         (__doc__ or "").split("\n\n", 2)[2].strip(), "", *rows, "",
         f"now / before: {min(ratios):.3f}-{max(ratios):.3f} (same plan: peak and predicted step equal).", ""])
