@@ -231,7 +231,7 @@ def _faster_of(baseline, chunked, sites, budget_bytes: int, plan, factors, label
     planners fit the split step (a factor that needs a full search to fit is not worth one for speed)."""
     def plan_for(k, within: float):
         graph = chunked(k).graph
-        if store_all_plan(graph).simulation.step_seconds >= within:
+        if store_all_plan(graph).step_seconds >= within:
             return NOT_FASTER
         if quick_minimum(graph) > budget_bytes:
             return None

@@ -375,7 +375,7 @@ class RematPartitioner(CustomPartitionerFn):
             transfer=compiled_transfer_meta(device) if opts.solver in OFFLOADING_SOLVERS else None)
         if quick_only and not self._quick_plan_fits(fused, budget_bytes):
             return None  # auto's full search on a split step takes minutes: only where a quick plan fits
-        if within is not None and store_all_plan(fused.graph).simulation.step_seconds >= within:
+        if within is not None and store_all_plan(fused.graph).step_seconds >= within:
             return NOT_FASTER  # no plan of this step can be that fast
         may_offload = opts.solver == "auto" and opts.plan is None and bucket is None
         if may_offload and is_min(opts.budget):  # the smallest peak, offloading included
