@@ -392,8 +392,7 @@ def compile(
     plan of the step as captured fits (the fewest chunks that plan; more while each is predicted 2%
     faster, where that plan recomputes more than 2% of the step) or, for a static step, where a split
     plan is predicted faster than the one that fits; with ``budget="min"``, more chunks while each lowers
-    the smallest peak by 2% (on the CPU only, so far: on an H100 a split step measured 3x its plan);
-    an int forces that many.
+    the smallest peak by 2%; an int forces that many.
     """
     if not example_args and not example_kwargs:
         _warn_if_not_training(model)

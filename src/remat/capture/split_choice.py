@@ -5,7 +5,7 @@ The lowerings plan a split step for each choice and keep the one the simulator p
 * :func:`faster_chunks` (the eager backend and the Inductor partitioner): where the step fits, more
   chunks (2, 4, 8, ...) while each is predicted faster (smaller chunks leave more memory, so less
   recomputation);
-* :func:`smallest_chunks` (both lowerings, ``budget="min"``; under Inductor on the CPU only, so far):
+* :func:`smallest_chunks` (both lowerings, ``budget="min"``):
   more chunks while each lowers the quick planners' smallest peak by ``MIN_GAIN``; that count's
   smallest plan is then kept where it peaks ``MIN_GAIN`` below the unsplit step's (:func:`lower_enough`);
 * :func:`graded_chunks` (the eager backend; not yet the Inductor partitioner, whose split search

@@ -178,4 +178,24 @@ def _reload_fake(store_id, kind, handle, size, stride, dtype, device):
     return torch.empty_strided(size, stride, dtype=dtype, device=device)
 
 
-__all__ = ["encode_call", "decode_call", "random_run", "random_replay", "offload", "reload"]
+# ---------------------------------------------------------------------------------------------
+# A running total ``total + a @ b`` (a split weight gradient's chunks) as one opaque ``addmm``. On a GPU,
+# Inductor's post-grad pass unfuses an ``aten.addmm`` whose every reader is pointwise into ``mm`` + add
+# (``unfuse_bias_add_to_pointwise``); in a chain of totals that reaches back through every link (each
+# link's reader becomes a pointwise add), and the adds then fuse into one kernel at the chain's end that
+# reads every chunk's product: all of them alive at once (a 2-layer GPT-2 with a 32k vocabulary split
+# into 8 chunks measured 35.3 MiB on an H100 for a plan of 11.9 MiB). This operator is the same kernel
+# (``torch.addmm``, bitwise), which the compiler calls as it is: each product lives only in its ``addmm``.
+
+
+@torch.library.custom_op("remat::addmm", mutates_args=())
+def addmm(total: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
+    return torch.addmm(total, mat1, mat2)
+
+
+@addmm.register_fake
+def _addmm_fake(total, mat1, mat2):
+    return total.new_empty((mat1.shape[0], mat2.shape[1]))
+
+
+__all__ = ["encode_call", "decode_call", "random_run", "random_replay", "offload", "reload", "addmm"]

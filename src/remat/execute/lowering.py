@@ -27,6 +27,9 @@ joint graph's FX nodes.
   lowered plan, :class:`remat.execute.offload.OffloadStore`) is held by both GraphModules. For a compiler
   (``compiled``) the two calls are the operators ``remat::offload`` and ``remat::reload``
   (:mod:`remat.execute.compiled_ops`), and the reload waits for its copy itself.
+* For a compiler, an ``addmm`` into a running total of its own shape (a split weight gradient's
+  chunks) is the opaque ``remat::addmm``: Inductor would unfuse the chain on a GPU and add every
+  chunk's product at its end (:func:`remat.execute.compiled_ops.addmm`).
 """
 
 from __future__ import annotations
@@ -293,6 +296,10 @@ class _Lowering:
             new.meta.update(op.meta)
         elif self.index in self.in_place:  # written into an input that dies here: bitwise the same result
             new = self._compute_in_place(op, self.in_place[self.index])
+        elif self.compiled and _adds_into_a_total(op):  # opaque to Inductor: each product dies in its addmm
+            from . import compiled_ops  # noqa: F401  (registers the operator)
+            new = g.call_function(torch.ops.remat.addmm.default, fx.map_arg(op.args, self._resolve))
+            new.meta.update(op.meta)
         elif nid in self.keep_apart:  # x + y as x - (-1) * y, bitwise: Inductor keeps the mm where it is
             new = g.call_function(torch.ops.aten.sub.Tensor, fx.map_arg(op.args, self._resolve), {"alpha": -1})
             new.meta.update(op.meta)
@@ -493,6 +500,16 @@ def offload_store_kind(graph) -> str:
     if kind:
         return kind
     return PINNED_STORE if str(graph.meta.get("device", "cpu")).startswith("cuda") else FILE_STORE
+
+
+def _adds_into_a_total(op: fx.Node) -> bool:
+    """Whether ``op`` is ``addmm(total, a, b)`` with a total of the product's shape (not a bias it
+    broadcasts) and no scaling: the link of a running sum of products."""
+    if op.target is not torch.ops.aten.addmm.default or len(op.args) != 3 or op.kwargs:
+        return False
+    total, out = op.args[0].meta.get("val"), op.meta.get("val")
+    return (isinstance(total, torch.Tensor) and isinstance(out, torch.Tensor) and total.shape == out.shape
+            and total.dtype == out.dtype)
 
 
 def lower(capture: Capture, plan: Plan, *, compiled: bool = False, keep_apart=frozenset(),

@@ -318,12 +318,7 @@ class RematPartitioner(CustomPartitionerFn):
         """``budget="min"``: (chunks, sites, (capture, fused, plan)) of the step split into the count
         :func:`~remat.capture.split_choice.smallest_chunks` picks from the quick planners' peaks, its smallest
         plan searched in full and taken where it peaks lower than ``unsplit`` (the step's as captured) by
-        :func:`~remat.capture.split_choice.lower_enough`; None otherwise. The eager backend's rule.
-        On the CPU only, so far: on an H100 (torch 2.11, Triton kernels) the split step of a 2-layer GPT-2
-        with a 32k vocabulary measured 37.0 MB for a 12.4 MB plan (whichever solver made it), where the
-        unsplit step measures its prediction (33.3 MB for 33.6); the cause is not found yet."""
-        if torch.device(device).type != "cpu":
-            return None
+        :func:`~remat.capture.split_choice.lower_enough`; None otherwise. The eager backend's rule."""
         sites = find_sites(planned_gm, num_fwd_outputs, sizes)
         factors = chunk_counts(sizes, sites, SPLIT_FACTORS) if sites else []
 
