@@ -1,4 +1,5 @@
-"""Random-op replay and offloading as registered PyTorch operators, for graphs a compiler (Inductor) compiles.
+"""Random-op replay, offloading and split running totals as registered PyTorch operators, for graphs a
+compiler (Inductor) compiles.
 
 The eager lowering calls plain Python functions (:func:`remat.execute.runtime.rng_state`,
 :func:`remat.execute.runtime.replay_random`); Inductor compiles only registered operators, so a plan
@@ -16,6 +17,9 @@ in another process. ``after`` lists the (empty) token of the previous first run 
 data dependency keeps the generator draws in the order of the uncompiled graph, whatever order a
 compiler picks for independent kernels. The operators are opaque to the compiler (it calls them
 as they are), and they are never merged, since no two have the same arguments.
+
+Offloads and reloads are ``remat::offload`` and ``remat::reload``; a split weight gradient's running total
+is summed with ``remat::addmm`` (:func:`addmm`).
 """
 
 from __future__ import annotations
