@@ -153,6 +153,20 @@ def test_max_pooling_offsets_are_computed_inside_the_scatter_that_reads_them():
                 assert members[-1] != n, "the indices are inlined into their reader, never materialised"
 
 
+def test_an_embeddings_zeros_are_filled_inside_the_copy_its_backward_scatters_into():
+    """Inductor lowers the embedding backward's scatter (``_unsafe_masked_index_put_accumulate`` of a
+    ``full`` of zeros) as one buffer: a copy of its first input, which the zeros' loop body fills, then
+    written into. The fused graph says so: the zeros are inlined into the scatter, not a vocabulary-sized
+    value of their own beside its result (which held one such tensor too many at a tied LM head's peak)."""
+    capture = _capture(nn.Embedding(1000, 16), torch.randint(0, 1000, (4, 8)))
+    scatters = [n.id for n in capture.graph.nodes if "index_put" in str(_op(capture, n.id))]
+    assert scatters, "the embedding's backward scatters into zeros"
+    fused = fuse(capture)
+    for n in scatters:
+        (members,) = [m for m in fused.members if n in m]
+        assert members[-1] == n and any(_op(capture, m) is torch.ops.aten.full.default for m in members), members
+
+
 class ProductThenPointwise(nn.Module):
     """``tanh(x @ w) * 2`` and ``(x @ w).t() * 3``: the first reads the product at the index it
     writes, the second through a transpose."""

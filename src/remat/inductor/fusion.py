@@ -38,6 +38,8 @@ Inductor also writes a kernel's output into the storage of an input that dies th
 (``config.inplace_buffers``; the backward's saved inputs too, which AOTAutograd donates). The fused
 graph lists where that can happen (``meta["inplace_reuse"]``, :func:`inplace_reuses`) and the
 simulator counts it where the plan lets the input die: on GPT-2 it is worth about 4% of the peak.
+The list also holds each link of a split weight gradient's running total, which remat's lowering
+writes as ``aten.addmm_`` where the total dies (:func:`remat.capture.joint.compiled_addmm_totals`).
 Where a reduction reading the same input runs in the same kernel, Inductor refuses it
 (:func:`inplace_conflicts`).
 
@@ -86,7 +88,7 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from ..capture.joint import Capture
+from ..capture.joint import Capture, compiled_addmm_totals
 from ..solvers.coarsen import graph_of_groups
 from ..cost.flops import SEEDED_RANDOM_OPS
 from ..graph import ACTIVATION, Graph
@@ -108,6 +110,11 @@ _POINTWISE_EXTRA_NAMES = (
 # (a gather over a window) and scatter_add, which max pooling's backward decomposes to (it reads
 # index and src through loaders and writes into its realised ``self``, whose buffer it returns).
 _INLINING_READER_NAMES = ("aten.max_pool2d_with_indices_backward.default", "aten.scatter_add.default")
+# Lowered by Inductor as a copy of their first input (``clone(self)``, one buffer the input's loop body
+# fills) that they then write into: a pointwise ``self`` (the zeros of an embedding's backward) is
+# inlined into that copy and never exists on its own. Their other inputs may be realised (a fallback).
+_CLONING_READER_NAMES = ("aten.index_put.default", "aten._unsafe_index_put.default",
+                         "aten._unsafe_masked_index_put_accumulate.default")
 
 
 def _is_pointwise(node: fx.Node) -> bool:
@@ -120,6 +127,13 @@ def _is_pointwise(node: fx.Node) -> bool:
 def _is_reduction(node: fx.Node) -> bool:
     target = node.target
     return isinstance(target, torch._ops.OpOverload) and torch.Tag.reduction in target.tags
+
+
+def _inlines(reader: fx.Node, value: fx.Node) -> bool:
+    """Whether Inductor computes the pointwise ``value`` inside ``reader``'s kernel (or its copy)."""
+    return inlines_its_inputs(reader) or (str(reader.target) in _CLONING_READER_NAMES and bool(reader.args)
+                                           and reader.args[0] is value
+                                           and all(a is not value for a in reader.args[1:]))
 
 
 def inlines_its_inputs(node: fx.Node) -> bool:
@@ -369,7 +383,7 @@ def fusion_groups(capture: Capture) -> list[list[int]]:
         reader = nodes[readers[0]]
         reader_fx = capture.op_node[reader.id]
         if (reader.phase != node.phase or reader.id in addmm_adds or reader.random
-                or not inlines_its_inputs(reader_fx)):
+                or not _inlines(reader_fx, capture.value_node[v])):
             continue
         if len(body_reads) > MAX_INLINED_READS:
             continue
@@ -516,9 +530,11 @@ def fuse(capture: Capture, kernel_seconds: Callable[[list[fx.Node], int], float]
     fused_id = {value.name: value.id for value in graph.values}
     names = capture.graph.values
     found = inplace_reuses(capture, groups)
-    if found:
+    group_of = {m: g for g, members in enumerate(groups) for m in members}
+    totals = [(group_of[n], v, o) for n, v, o in compiled_addmm_totals(capture)]  # an extern kernel: no conflicts
+    if found or totals:
         meta = dict(graph.meta)
-        meta["inplace_reuse"] = [[g, fused_id[names[v].name], fused_id[names[o].name]] for g, v, o in found]
+        meta["inplace_reuse"] = [[g, fused_id[names[v].name], fused_id[names[o].name]] for g, v, o in found + totals]
         conflicts = inplace_conflicts(capture, groups, found)
         if conflicts:
             meta["inplace_conflicts"] = [[g, fused_id[names[v].name], others] for g, v, others in conflicts]
