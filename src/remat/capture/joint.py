@@ -159,22 +159,6 @@ def inplace_accumulations(op_node: list, builder, value_id: dict, value_node: li
     return {"inplace_reuse": found, "inplace_eager": True} if found else {}
 
 
-def compiled_addmm_totals(capture: Capture) -> list[list[int]]:
-    """``[node, total, output]`` for each ``addmm`` into a running total of its own shape (the link of a
-    split weight gradient) that a graph for Inductor writes in place, ``aten.addmm_``, where the total
-    dies there: Inductor calls it as it is (a fallback kernel), and the output keeps the total's
-    storage. Backward links only (the total is made in the same graph, never a saved input), and on the
-    CPU only so far: on a GPU the links are the opaque ``remat::addmm`` (measured as planned on an H100;
-    the in-place variant not yet measured there)."""
-    if torch.device(capture.graph.meta.get("device", "cpu")).type != "cpu":
-        return []
-    meta = inplace_accumulations(capture.op_node, capture.graph, capture.value_id, capture.value_node)
-    nodes, values = capture.graph.nodes, capture.graph.values
-    return [[nid, total, out] for nid, total, out in meta.get("inplace_reuse", ())
-            if capture.op_node[nid].target is _ADDMM and nodes[nid].phase == BACKWARD
-            and nodes[values[total].producer].phase == BACKWARD]
-
-
 def _module_path(node: fx.Node) -> str:
     stack = node.meta.get("nn_module_stack")
     if not stack:

@@ -29,24 +29,21 @@ joint graph's FX nodes.
   (:mod:`remat.execute.compiled_ops`), and the reload waits for its copy itself.
 * For a compiler, an ``addmm`` into a running total of its own shape (a split weight gradient's
   chunks) is the opaque ``remat::addmm``: Inductor would unfuse the chain on a GPU and add every
-  chunk's product at its end (:func:`remat.execute.compiled_ops.addmm`). On the CPU a link whose
-  total dies there is ``aten.addmm_`` instead (:func:`remat.capture.joint.compiled_addmm_totals`).
+  chunk's product at its end (:func:`remat.execute.compiled_ops.addmm`).
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import operator
 import secrets
 
 import torch
 import torch.fx as fx
 
-from ..capture.joint import Capture, compiled_addmm_totals, is_batch_norm_with_stats, is_size_value
+from ..capture.joint import Capture, is_batch_norm_with_stats, is_size_value
 from ..errors import CaptureError, InvalidPlanError
 from ..plan import COMPUTE, FREE, OFFLOAD, RELOAD, Plan, PlanGraphMismatchError
-from ..simulate import simulate
 from . import offload as stores
 from .offload import FILE_STORE, PINNED_STORE, OffloadStore, offload_directory
 from .optimizer import is_optimizer_step
@@ -75,8 +72,6 @@ class _Lowering:
         # instruction -> input value: an ``add`` the plan's simulation let write into that input
         self.in_place = ({i: v_in for i, v_in, _v_out in plan.simulation.reused}
                          if plan.graph.meta.get("inplace_eager") and not compiled else {})
-        if compiled:  # a split weight gradient's links, written into a total that dies there
-            self.in_place = _totals_written_in_place(capture, plan)
         self.index = -1  # the instruction being lowered
         self.store = None
         if any(ins.kind in (OFFLOAD, RELOAD) for ins in plan.instructions):
@@ -505,17 +500,6 @@ def offload_store_kind(graph) -> str:
     if kind:
         return kind
     return PINNED_STORE if str(graph.meta.get("device", "cpu")).startswith("cuda") else FILE_STORE
-
-
-def _totals_written_in_place(capture: Capture, plan: Plan) -> dict[int, int]:
-    """For a compiler: instruction -> total, for each ``addmm`` link of
-    :func:`remat.capture.joint.compiled_addmm_totals` whose total ``plan`` frees right after it (the
-    simulator's rule for an output taking a dying input's storage, as the fused graph's plan counted it)."""
-    totals = compiled_addmm_totals(capture)
-    if not totals:
-        return {}
-    graph = dataclasses.replace(plan.graph, meta={**plan.graph.meta, "inplace_reuse": totals, "inplace_eager": True})
-    return {i: v_in for i, v_in, _v_out in simulate(graph, plan.instructions, plan.boundary).reused}
 
 
 def _adds_into_a_total(op: fx.Node) -> bool:

@@ -38,8 +38,6 @@ Inductor also writes a kernel's output into the storage of an input that dies th
 (``config.inplace_buffers``; the backward's saved inputs too, which AOTAutograd donates). The fused
 graph lists where that can happen (``meta["inplace_reuse"]``, :func:`inplace_reuses`) and the
 simulator counts it where the plan lets the input die: on GPT-2 it is worth about 4% of the peak.
-The list also holds each link of a split weight gradient's running total, which remat's lowering
-writes as ``aten.addmm_`` where the total dies (:func:`remat.capture.joint.compiled_addmm_totals`).
 Where a reduction reading the same input runs in the same kernel, Inductor refuses it
 (:func:`inplace_conflicts`).
 
@@ -88,7 +86,7 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from ..capture.joint import Capture, compiled_addmm_totals
+from ..capture.joint import Capture
 from ..solvers.coarsen import graph_of_groups
 from ..cost.flops import SEEDED_RANDOM_OPS
 from ..graph import ACTIVATION, Graph
@@ -530,11 +528,9 @@ def fuse(capture: Capture, kernel_seconds: Callable[[list[fx.Node], int], float]
     fused_id = {value.name: value.id for value in graph.values}
     names = capture.graph.values
     found = inplace_reuses(capture, groups)
-    group_of = {m: g for g, members in enumerate(groups) for m in members}
-    totals = [(group_of[n], v, o) for n, v, o in compiled_addmm_totals(capture)]  # an extern kernel: no conflicts
-    if found or totals:
+    if found:
         meta = dict(graph.meta)
-        meta["inplace_reuse"] = [[g, fused_id[names[v].name], fused_id[names[o].name]] for g, v, o in found + totals]
+        meta["inplace_reuse"] = [[g, fused_id[names[v].name], fused_id[names[o].name]] for g, v, o in found]
         conflicts = inplace_conflicts(capture, groups, found)
         if conflicts:
             meta["inplace_conflicts"] = [[g, fused_id[names[v].name], others] for g, v, others in conflicts]
