@@ -524,3 +524,70 @@ def test_over_the_budget_a_switch_that_fits_alone_takes_no_alike_ones():
     assert fitting
     for kind, target, ev in fitting:
         assert search.take_alike_over(first, ev, kind, target, peak_pos, float("inf")) is ev
+
+
+def uneven_chain(overlap: bool) -> Graph:
+    """A chain whose layers differ in output size and cost, so that the switches of one plan differ
+    in what they save, what they cost and whether they fit."""
+    from remat.graph import GraphBuilder
+
+    sizes, costs = [100, 300, 50, 200, 120, 260, 80, 180], [1.0, 3.0, 0.5, 2.0, 1.5, 2.5, 0.7, 1.8]
+    b = GraphBuilder("uneven")
+    hs = [b.input("x", 10)]
+    for i, (size, cost) in enumerate(zip(sizes, costs)):
+        hs += b.op(f"f{i}", [hs[-1]], [size], cost=cost)
+    (loss,) = b.op("loss", [hs[-1]], [4])
+    (g,) = b.op("loss_bwd", [b.tangent("dloss", 4), hs[-1]], [sizes[-1]], phase="backward")
+    for i in range(len(sizes) - 1, -1, -1):
+        (g,) = b.op(f"f{i}_bwd", [g, hs[i]] if i else [g], [sizes[i - 1] if i else 10], phase="backward",
+                    cost=2 * costs[i])
+    meta = {"transfer": {"d2h_bytes_per_s": 400.0, "h2d_bytes_per_s": 400.0, "latency_s": 0.05, "overlap": overlap}}
+    return b.build(forward_outputs=[loss], backward_outputs=[g], meta=meta)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_round_within_the_budget_simulates_best_first_and_chooses_as_simulating_every_switch_would(overlap):
+    """From checkpoint_all's schedule at a budget a twentieth of the way to store_all's peak, the round's choice (the
+    fitting switch of least (step, peak)) is the one every switch simulated gives; the round simulates
+    in the order of the step floors and stops at the first floor above its best step. With synchronous
+    copies the floor is the step, so it simulates fewer switches than there are."""
+    from remat.solvers.hybrid_search import GreedySearch, State
+
+    g = uneven_chain(overlap)
+    start, store = solve("checkpoint_all", g, None), solve("store_all", g, None)
+    budget = start.peak_bytes + (store.peak_bytes - start.peak_bytes) // 20
+    fwd, bwd = start.schedule()
+    search = GreedySearch(g, budget)
+    cur = search.build(State(tuple(fwd), tuple(bwd), ()))
+    assert cur.fits
+    switches = search.candidates(cur)
+    exhaustive = GreedySearch(g, budget)
+    trials = [(exhaustive.build(s), kind, target) for _, kind, target in switches
+              if (s := exhaustive.apply(cur.state, kind, target)) is not None]
+    faster = [t for t in trials if t[0] is not None and t[0].fits and t[0].step < cur.step - 1e-12]
+    assert faster and len(faster) < len(trials)  # some switches fit and gain, others do not
+    best = min(faster, key=lambda t: (t[0].step, t[0].peak))
+    before = search.simulations
+    choice = search._fastest_fitting(cur, switches, float("inf"))
+    assert (choice[0].step, choice[0].peak) == (best[0].step, best[0].peak)
+    if not overlap:
+        assert search.simulations - before < len(trials)
+
+
+def test_a_descent_over_the_budget_gives_up_once_its_step_floor_cannot_beat_the_plan_to_beat():
+    """With synchronous copies every swap adds its copy to the step: a descent over the budget (a
+    kick's way back) is given up at once when the plan it must beat (``beat``) is no slower than its
+    compute; without ``beat`` the same descent reaches the budget."""
+    from remat.solvers.hybrid_search import GreedySearch, State
+
+    g = uneven_chain(False)
+    store = solve("store_all", g, None)
+    budget = int(0.8 * store.peak_bytes)
+    fwd, bwd = store.schedule()
+    search = GreedySearch(g, budget)
+    first = search.build(State(tuple(fwd), tuple(bwd), ()))
+    assert not first.fits
+    fit, _, rounds = search.descend(first, float("inf"), recompute=False, beat=store.step_seconds)
+    assert fit is None and rounds == 0
+    fit, _, rounds = search.descend(first, float("inf"), recompute=False)
+    assert fit is not None and rounds > 0 and fit.step > store.step_seconds

@@ -115,6 +115,19 @@ class Graph:
         return tuple(tuple(u) for u in users)
 
     @cached_property
+    def held_inputs(self) -> tuple[tuple[int, ...], ...]:
+        """``held_inputs[n]``: the inputs of node ``n`` a plan must hold when it runs (all but the
+        step's own inputs, which are always resident)."""
+        values = self.values
+        return tuple(tuple(v for v in node.inputs if values[v].kind != INPUT) for node in self.nodes)
+
+    @cached_property
+    def output_bytes(self) -> tuple[int, ...]:
+        """``output_bytes[n]``: the bytes node ``n``'s outputs take."""
+        values = self.values
+        return tuple(sum(values[v].bytes for v in node.outputs) for node in self.nodes)
+
+    @cached_property
     def forward_nodes(self) -> tuple[Node, ...]:
         return tuple(n for n in self.nodes if n.phase == FORWARD)
 

@@ -42,6 +42,7 @@ Memory model of :func:`simulate` (bytes counted against the budget):
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -355,17 +356,22 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
     """
     instructions = list(instructions)
     values, nodes = graph.values, graph.nodes
+    n_nodes, n_values = len(nodes), len(values)
     if not 0 <= boundary <= len(instructions):
         raise InvalidPlanError(f"boundary {boundary} is outside the plan of {len(instructions)} instructions")
+    kinds = [ins.kind for ins in instructions]
+    targets = [ins.target for ins in instructions]
     transfer = None
-    if any(ins.kind in (OFFLOAD, RELOAD) for ins in instructions):
+    if OFFLOAD in kinds or RELOAD in kinds:
         transfer = transfer_costs(graph)
 
     rng_bytes = int(graph.meta.get("rng_state_bytes", 0))
     runs: dict[int, int] = {}
-    for ins in instructions:
-        if ins.kind == COMPUTE and 0 <= ins.target < len(nodes) and nodes[ins.target].random:
-            runs[ins.target] = runs.get(ins.target, 0) + 1
+    random_nodes = {node.id for node in nodes if node.random}
+    if random_nodes:
+        for kind, target in zip(kinds, targets):
+            if kind == COMPUTE and target in random_nodes:
+                runs[target] = runs.get(target, 0) + 1
     runs_left = dict(runs)
     no_backward_recompute = set(graph.meta.get("no_backward_recompute", ()))
     updates = {int(n): int(v) for n, v in graph.meta.get("optimizer_updates", ())}  # node -> parameter it updates
@@ -404,11 +410,11 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
 
     freed_next: dict[int, set[int]] = {}  # compute index -> values freed before the next compute
     last_compute = None
-    for i, ins in enumerate(instructions if reuse_candidates else ()):
-        if ins.kind == COMPUTE:
+    for i, kind in enumerate(kinds if reuse_candidates else ()):
+        if kind == COMPUTE:
             last_compute = i
-        elif ins.kind == FREE and last_compute is not None:
-            freed_next.setdefault(last_compute, set()).add(ins.target)
+        elif kind == FREE and last_compute is not None:
+            freed_next.setdefault(last_compute, set()).add(targets[i])
         else:
             last_compute = None
 
@@ -417,7 +423,7 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
     pinned: set[int] = set()  # forward outputs held by the user
     offloaded: set[int] = set()  # values whose only copy is in the offload tier
     ready: dict[int, float] = {}  # reloaded value -> time its copy finishes
-    pending: list[tuple[float, int, int]] = []  # (time, device bytes, tier bytes) released then
+    pending: list[tuple[float, int, int]] = []  # heap of (time, device bytes, tier bytes) released then
     current = 0  # counted bytes resident in the plan
     external = 0  # forward outputs the user holds that the plan no longer tracks
     tier = tier_peak = 0  # bytes in the offload tier
@@ -439,13 +445,11 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
         raise InvalidPlanError(f"instruction {i} {instructions[i].describe(graph)}: {why}")
 
     def release_due():
-        nonlocal current, tier, pending
-        if pending:
-            due = [p for p in pending if p[0] <= clock]
-            if due:
-                pending = [p for p in pending if p[0] > clock]
-                current -= sum(p[1] for p in due)
-                tier -= sum(p[2] for p in due)
+        nonlocal current, tier
+        while pending and pending[0][0] <= clock:
+            _, device_bytes, tier_bytes = heapq.heappop(pending)
+            current -= device_bytes
+            tier -= tier_bytes
 
     def wait_until(t: float):
         nonlocal clock, stall
@@ -482,49 +486,57 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
 
     kind_of = [value.kind for value in values]  # (the loop below runs once per instruction: locals)
     bytes_of = [value.bytes for value in values]
-    for i, ins in enumerate(instructions):
+    append_timeline = timeline.append
+    held_inputs, output_bytes = graph.held_inputs, graph.output_bytes
+    resident_issuperset, resident_isdisjoint = resident.issuperset, resident.isdisjoint
+    in_backward = False
+    for i, (kind, target) in enumerate(zip(kinds, targets)):
         if pending:
             release_due()
         if i == boundary:
             forward_peak = peak
             enter_backward()
             backward_peak = current + external
-        in_backward = i >= boundary
-        if ins.kind == COMPUTE:
-            if not 0 <= ins.target < len(nodes):
-                raise InvalidPlanError(f"instruction {i}: no node with id {ins.target}")
-            node = nodes[ins.target]
+            in_backward = True
+        if kind == COMPUTE:
+            if not 0 <= target < n_nodes:
+                raise InvalidPlanError(f"instruction {i}: no node with id {target}")
+            node = nodes[target]
             if node.phase == BACKWARD:
                 if not in_backward:
                     fail(i, "a backward node cannot run before the forward ends")
                 ran_backward.add(node.id)
             if in_backward and node.id in no_backward_recompute:
                 fail(i, "it reads an input the forward mutates, so it cannot be recomputed in the backward")
-            for v in node.inputs:
-                if updated and v in updated:
-                    fail(i, f"it reads {values[v].name}, which the optimizer has updated already in this backward")
-                if kind_of[v] == INPUT or v in resident:
-                    continue
-                if v in offloaded:
-                    fail(i, f"input {values[v].name} is offloaded; reload it first")
-                fail(i, f"input {values[v].name} is not resident")
+            if not resident_issuperset(held_inputs[target]) or (updated and not updated.isdisjoint(node.inputs)):
+                for v in node.inputs:  # (the first one wrong, named)
+                    if updated and v in updated:
+                        fail(i, f"it reads {values[v].name}, which the optimizer has updated already in this backward")
+                    if kind_of[v] == INPUT or v in resident:
+                        continue
+                    if v in offloaded:
+                        fail(i, f"input {values[v].name} is offloaded; reload it first")
+                    fail(i, f"input {values[v].name} is not resident")
             waits = [ready.pop(v) for v in node.inputs if v in ready] if ready else None
             if waits:  # a reload still copying: compute stalls until it lands
                 wait_until(max(waits))
                 release_due()
-            out_bytes = 0
-            for v in node.outputs:
-                if v in offloaded:
-                    fail(i, f"output {values[v].name} is offloaded; free its host copy or reload it instead")
-                if v in resident:
-                    if v in pinned:  # the user keeps the old copy; the plan makes a new one
-                        pinned.discard(v)
-                        resident.discard(v)
-                        current -= bytes_of[v]
-                        external += bytes_of[v]
-                    else:
-                        fail(i, f"output {values[v].name} is already resident")
-                out_bytes += bytes_of[v]
+            if resident_isdisjoint(node.outputs) and (not offloaded or offloaded.isdisjoint(node.outputs)):
+                out_bytes = output_bytes[target]
+            else:
+                out_bytes = 0
+                for v in node.outputs:
+                    if v in offloaded:
+                        fail(i, f"output {values[v].name} is offloaded; free its host copy or reload it instead")
+                    if v in resident:
+                        if v in pinned:  # the user keeps the old copy; the plan makes a new one
+                            pinned.discard(v)
+                            resident.discard(v)
+                            current -= bytes_of[v]
+                            external += bytes_of[v]
+                        else:
+                            fail(i, f"output {values[v].name} is already resident")
+                    out_bytes += bytes_of[v]
             aside = 0  # a replay holds the generator's current state aside while it runs
             if node.random and runs[node.id] > 1:
                 if runs_left[node.id] == runs[node.id]:
@@ -542,7 +554,7 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
                         reused_at.append((i, v_in, v_out))
                         taken.add(v_out)
                         absorbed.add(v_in)
-                        out_bytes -= values[v_in].bytes
+                        out_bytes -= bytes_of[v_in]
             here = current + external + out_bytes + node.workspace + aside
             if here > peak:
                 peak, peak_index = here, i
@@ -550,8 +562,9 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
                 backward_peak = here
             current += out_bytes
             resident.update(node.outputs)
-            if reuse_candidates:
-                made_at.update((v, i) for v in node.outputs)
+            if same_phase_only:
+                for v in node.outputs:
+                    made_at[v] = i
             if node.random and runs[node.id] > 1:
                 runs_left[node.id] -= 1
                 if runs_left[node.id] == 0:
@@ -563,19 +576,19 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
             seconds += node.cost
             clock += node.cost
             computes += 1
-        elif ins.kind in (FREE, OFFLOAD, RELOAD):
-            v = ins.target
-            if not 0 <= v < len(values):
+        elif kind == FREE or kind == OFFLOAD or kind == RELOAD:
+            v = target
+            if not 0 <= v < n_values:
                 raise InvalidPlanError(f"instruction {i}: no value with id {v}")
-            kind = kind_of[v]
-            if ins.kind == FREE:
-                if kind == INPUT:
+            value_kind = kind_of[v]
+            if kind == FREE:
+                if value_kind == INPUT:
                     fail(i, "inputs are never freed")
-                if kind == TANGENT and not in_backward:
+                if value_kind == TANGENT and not in_backward:
                     fail(i, "tangents exist only in the backward")
                 if v in offloaded:  # drop the host copy
                     offloaded.discard(v)
-                    tier -= values[v].bytes
+                    tier -= bytes_of[v]
                 elif v not in resident:
                     fail(i, "the value is not resident")
                 else:
@@ -585,12 +598,12 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
                     if v in absorbed:  # an output lives in its storage now
                         absorbed.discard(v)
                     elif v in ready:  # its reload still writes into it: the bytes go when it lands
-                        pending.append((ready.pop(v), values[v].bytes, 0))
+                        heapq.heappush(pending, (ready.pop(v), bytes_of[v], 0))
                     else:
-                        current -= values[v].bytes
-            elif ins.kind == OFFLOAD:
-                if kind != ACTIVATION:
-                    fail(i, f"only activations can be offloaded, not {'an' if kind == INPUT else 'a'} {kind}")
+                        current -= bytes_of[v]
+            elif kind == OFFLOAD:
+                if value_kind != ACTIVATION:
+                    fail(i, f"only activations can be offloaded, not {'an' if value_kind == INPUT else 'a'} {value_kind}")
                 if nodes[values[v].producer].phase == BACKWARD:
                     fail(i, "a value made in the backward cannot be offloaded: it lives from its producer to its last reader")
                 if v in offloaded:
@@ -602,22 +615,22 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
                 resident.discard(v)
                 ready.pop(v, None)  # the channel is serial: this copy starts after the reload's
                 offloaded.add(v)
-                tier += values[v].bytes
+                tier += bytes_of[v]
                 tier_peak = max(tier_peak, tier)
-                done = copy(values[v].bytes, transfer["d2h_bytes_per_s"])
-                pending.append((done, values[v].bytes, 0))
+                done = copy(bytes_of[v], transfer["d2h_bytes_per_s"])
+                heapq.heappush(pending, (done, bytes_of[v], 0))
                 offload_count += 1
             else:  # RELOAD
                 if v not in offloaded:
                     fail(i, "the value is not offloaded" + (" (it is resident)" if v in resident else ""))
                 offloaded.discard(v)
                 resident.add(v)
-                current += values[v].bytes
-                done = copy(values[v].bytes, transfer["h2d_bytes_per_s"])
+                current += bytes_of[v]
+                done = copy(bytes_of[v], transfer["h2d_bytes_per_s"])
                 ready[v] = done
-                pending.append((done, 0, values[v].bytes))
+                heapq.heappush(pending, (done, 0, bytes_of[v]))
         else:
-            fail(i, f"unknown instruction kind {ins.kind!r}")
+            fail(i, f"unknown instruction kind {kind!r}")
         if pending:  # copies that landed while this instruction ran (all of them when synchronous)
             release_due()
         counted = current + external
@@ -625,7 +638,7 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
             peak, peak_index = counted, i
         if in_backward and counted > backward_peak:
             backward_peak = counted
-        timeline.append(counted)
+        append_timeline(counted)
     if boundary == len(instructions):
         forward_peak = peak
         enter_backward()

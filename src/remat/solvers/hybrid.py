@@ -8,7 +8,8 @@ value is then offloaded right after its last forward use and reloaded at its pos
 
 1. Start from the recomputation plan ``auto`` makes at the budget, or, when recomputation cannot
    reach the budget, from its smallest-peak plan; from the store-all schedule (swapping alone); also
-   from the hierarchical planner's plan at the budget, fitting or not. Keep the best result.
+   from the hierarchical planner's plan at the budget, fitting or not. Keep the best result. The
+   fitting starts are refined first, fastest first (each gets an equal share of the time left).
 2. Candidate switches of a state:
 
    * *swap* a value the forward saves for the backward (not a forward output); its reload goes
@@ -29,7 +30,8 @@ value is then offloaded right after its last forward use and reloaded at its pos
 3. While the plan is over the budget, take the switch that lowers (peak, bytes over the budget,
    step time) most; once it fits, the switch with the least step time among those still within the
    budget, as long as it lowers the step time (the search: :mod:`remat.solvers.hybrid_search`,
-   with its constants). Only the ``CANDIDATES`` most promising switches
+   with its constants), found best first: simulated in the order of their step floors, until a
+   floor is above the best step found. Only the ``CANDIDATES`` most promising switches
    (by a cheap estimate) are simulated per round, at most ``PER_KIND`` of each kind of *alike*
    switches (the same kind, op, output sizes and module path but for layer numbers: the same
    switch in the other identical layers), so that a round compares different switches rather than
@@ -44,12 +46,14 @@ value is then offloaded right after its last forward use and reloaded at its pos
    nothing fits, steps 6 and 7 take more: see there).
 4. After a swap is taken whose reload stalls, its reload is moved as early as the budget allows
    (binary search back from the first use), if that lowers the step time.
-5. Kicks, once the descent stops at a fitting plan: a switch that lowers the step time but
-   overshoots the budget (keep, unswap, drop; the ``KICKS`` that overshoot least), then the
+5. Kicks, once the descent stops at a fitting plan: a switch that lowers the step time by at least
+   ``KICK_GAIN`` of it but overshoots the budget (keep, unswap, drop; the ``KICKS`` that overshoot
+   least), then the
    descent from there back under the budget (freeing the memory elsewhere, by recomputation
    too); the result replaces the plan when it is faster, until no kick helps. Each state is
    simulated once (cached). (Recomputing over the budget in the first descent too made worse
-   smallest-peak plans: GPT-2 small's went 4% up.)
+   smallest-peak plans: GPT-2 small's went 4% up.) A kick's descent over the budget gives up once
+   its step floor is not below the plan it must beat.
 
 6. When no start reaches the budget (the descent stalls above it: no single switch lowers the
    peak), descend with budget 0 instead, every byte then being over it, as far as the greedy goes
@@ -144,6 +148,8 @@ def solve_hybrid(graph: Graph, budget_bytes: int | None, *, time_limit: float | 
     greedy_limit = min(time_limit, GREEDY_TIME_LIMIT)
     search = GreedySearch(graph, budget)
     results = []
+    # the fitting starts first, fastest first: one that finishes early leaves its time to the others
+    starts.sort(key=lambda p: (p.peak_bytes > budget, p.step_seconds if p.peak_bytes <= budget else 0.0))
     for k, plan in enumerate(starts):
         share = (started + greedy_limit - time.perf_counter()) / (len(starts) - k)
         fwd, bwd = plan.schedule()

@@ -25,6 +25,10 @@ PER_KIND = 4  # of which at most this many alike ones (the same switch in identi
 # (2 made GPT-2 small's smallest plan 3.8% slower, flops costs: the best layer for a switch was
 # no longer among those tried; 4 gives that plan's step as before, and 8 kinds a round at least)
 KICKS = 8  # kicks tried from each plan the kicks reach
+KICK_GAIN = 1e-3  # a kick must be this fraction of the step faster than the plan it tries to beat
+# (each costs a descent back under the budget, dozens of simulations; on a 64-layer Llama-style
+# model with synchronous copies the kicks won 0.005% a step each, 100 s in all, far below what
+# the cost model can tell apart)
 _CHAIN = 4  # a recompute switch reruns at most this many producers back from the value
 _EPS = 1e-12
 _LAYER_NUMBER = re.compile(r"\d+")  # a module path's layer numbers: alike switches differ only there
@@ -428,34 +432,37 @@ class GreedySearch:
             rounds += more
         return best_fit, smallest, rounds
 
-    def descend(self, cur: Evaluation, deadline: float, recompute: bool = True) -> tuple[Evaluation, Evaluation, int]:
+    def descend(self, cur: Evaluation, deadline: float, recompute: bool = True,
+                beat: float | None = None) -> tuple[Evaluation, Evaluation, int]:
         """The greedy descent (step 3 of the module docstring) from ``cur``; over the budget it
         also recomputes values only with ``recompute`` (in a kick's way back under the budget).
-        Within the budget the chosen switch's alike ones are then taken too (:meth:`take_alike`)."""
+        Within the budget the chosen switch's alike ones are then taken too (:meth:`take_alike`).
+
+        ``beat``: the step time of the plan a kick must beat. Over the budget the descent gives up
+        once its step floor (:meth:`step_floor`) is not below it: the repair already costs more
+        than the kick won. (Not applied to the starts' descents, where it would be sound only if the
+        step could not fall again within the budget: ViT ``small`` with synchronous copies at 0.3
+        lost 6% of step when the recomputation start's descent was cut against the hierarchical
+        start's plan.)"""
         best_fit = cur if cur.fits else None
         smallest = cur
         rounds = 0
         while time.perf_counter() < deadline:
+            if beat is not None and not cur.fits and self.step_floor(cur.state) >= beat - _EPS / 2:
+                break
             rounds += 1
             peak_pos = self.peak_position(cur)
-            choice = None
-            for _, kind, target in self.candidates(cur, recompute):
-                if time.perf_counter() >= deadline:
-                    break
-                state = self.apply(cur.state, kind, target, peak_pos)
-                if state is None or (cur.fits and (self.cannot_beat(state, cur.step) or self.cannot_fit(cur, state))):
-                    continue
-                trial = self.build(state)
-                if trial is None:
-                    continue
-                if cur.fits:
-                    ok = trial.fits and trial.step < cur.step - _EPS
-                    better = choice is None or (trial.step, trial.peak) < (choice[0].step, choice[0].peak)
-                else:
-                    ok = trial.key() < cur.key()
-                    better = choice is None or trial.key() < choice[0].key()
-                if ok and better:
-                    choice = (trial, kind, target)
+            if cur.fits:
+                choice = self._fastest_fitting(cur, self.candidates(cur, recompute), deadline)
+            else:
+                choice = None
+                for _, kind, target in self.candidates(cur, recompute):
+                    if time.perf_counter() >= deadline:
+                        break
+                    state = self.apply(cur.state, kind, target, peak_pos)
+                    trial = None if state is None else self.build(state)
+                    if trial is not None and trial.key() < cur.key() and (choice is None or trial.key() < choice[0].key()):
+                        choice = (trial, kind, target)
             if choice is None:
                 break
             trial, kind, target = choice
@@ -471,6 +478,35 @@ class GreedySearch:
             if cur.key() < smallest.key():
                 smallest = cur
         return best_fit, smallest, rounds
+
+    def _fastest_fitting(self, cur: Evaluation, candidates, deadline: float) -> tuple | None:
+        """(evaluation, kind, target) of the switch of ``cur`` (within the budget) whose plan fits and
+        has the least (step, peak), if faster than ``cur``; None if none is.
+
+        Best first: the switches are simulated in the order of their step floors
+        (:meth:`step_floor`), and the search stops at the first floor above the best step found, which
+        no later switch can beat. The choice is the one simulating every switch would make; with
+        synchronous copies the floor is the step itself, so a round simulates the switches faster
+        than its choice that miss the budget, and the choice (a 64-layer Llama-style model: 30 a
+        round before, usually a few now)."""
+        trials = []
+        for _, kind, target in candidates:
+            state = self.apply(cur.state, kind, target)
+            if state is None:
+                continue
+            floor = self.step_floor(state)
+            if floor < cur.step - _EPS / 2 and not self.cannot_fit(cur, state):
+                trials.append((floor, len(trials), kind, target, state))
+        trials.sort()
+        choice = None
+        for floor, _, kind, target, state in trials:
+            if time.perf_counter() >= deadline or (choice is not None and floor > choice[0].step + _EPS):
+                break
+            trial = self.build(state)
+            if (trial is not None and trial.fits and trial.step < cur.step - _EPS
+                    and (choice is None or (trial.step, trial.peak) < (choice[0].step, choice[0].peak))):
+                choice = (trial, kind, target)
+        return choice
 
     def peak_position(self, ev: Evaluation) -> int:
         """The schedule position of the computation at (or last before) the plan's peak."""
@@ -611,15 +647,16 @@ class GreedySearch:
         while improved and time.perf_counter() < deadline:
             improved = False
             kicks = []
+            wanted = best.step * (1 - KICK_GAIN)
             for _, kind, target in self.candidates(best):
                 if time.perf_counter() >= deadline:
                     break
                 state = self.apply(best.state, kind, target)
-                if state is None or state in tried or self.cannot_beat(state, best.step):
+                if state is None or state in tried or self.cannot_beat(state, wanted):
                     continue
                 tried.add(state)
                 kicked = self.build(state)
-                if kicked is not None and not kicked.fits and kicked.step < best.step - _EPS:
+                if kicked is not None and not kicked.fits and kicked.step < wanted - _EPS:
                     # (a fitting switch is the descent's, a slower one gains nothing)
                     kicks.append((kicked, self.alike(best.state, kind, target)))
             kicked_kinds: set[tuple] = set()
@@ -629,7 +666,7 @@ class GreedySearch:
                 if alike in kicked_kinds:  # the same kick in another identical layer: repaired alike
                     continue
                 kicked_kinds.add(alike)
-                fit, _, more = self.descend(kicked, deadline)
+                fit, _, more = self.descend(kicked, deadline, beat=best.step)
                 rounds += more
                 if fit is not None and fit.step < best.step - _EPS:
                     best, improved = fit, True
@@ -637,4 +674,4 @@ class GreedySearch:
         return best, rounds
 
 
-__all__ = ["State", "Evaluation", "GreedySearch", "CANDIDATES", "PER_KIND", "KICKS"]
+__all__ = ["State", "Evaluation", "GreedySearch", "CANDIDATES", "PER_KIND", "KICKS", "KICK_GAIN"]
