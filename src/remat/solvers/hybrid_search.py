@@ -486,9 +486,9 @@ class GreedySearch:
         Best first: the switches are simulated in the order of their step floors
         (:meth:`step_floor`), and the search stops at the first floor above the best step found, which
         no later switch can beat. The choice is the one simulating every switch would make; with
-        synchronous copies the floor is the step itself, so a round simulates the switches faster
-        than its choice that miss the budget, and the choice (a 64-layer Llama-style model: 30 a
-        round before, usually a few now)."""
+        synchronous copies the floor is the step itself, so a round simulates only the switches
+        faster than its choice (which all miss the budget) and the choice. Ties in (step, peak) go
+        to the lower floor, then to the earlier candidate."""
         trials = []
         for _, kind, target in candidates:
             state = self.apply(cur.state, kind, target)
