@@ -161,10 +161,10 @@ def _peak_lower_bound(graph: Graph) -> int:
     pinned = {v for v in graph.forward_outputs if values[v].kind == ACTIVATION}
     bound = 0
     for node in graph.nodes:
-        held = {v for v in node.inputs if values[v].kind != INPUT}
+        held = set(graph.held_inputs[node.id])
         if node.phase == BACKWARD:
             held |= pinned - set(node.outputs)
-        here = sum(values[v].bytes for v in held) + sum(values[v].bytes for v in node.outputs)
+        here = sum(values[v].bytes for v in held) + graph.output_bytes[node.id]
         here += node.workspace - reusable.get(node.id, 0)
         bound = max(bound, here)
     return max(bound, fixed_bytes(graph))

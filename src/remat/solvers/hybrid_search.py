@@ -448,7 +448,7 @@ class GreedySearch:
         smallest = cur
         rounds = 0
         while time.perf_counter() < deadline:
-            if beat is not None and not cur.fits and self.step_floor(cur.state) >= beat - _EPS / 2:
+            if beat is not None and not cur.fits and self.cannot_beat(cur.state, beat):
                 break
             rounds += 1
             peak_pos = self.peak_position(cur)
