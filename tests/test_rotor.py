@@ -402,3 +402,52 @@ def test_a_table_filled_part_way_equals_the_full_table_there():
     assert len(dp.tables[slot][0][top]) == 300
     assert dp.events(slot, 700) is not None or len(dp.tables[slot][0][top]) == 1202
     assert len(dp.tables[slot][0][top]) == 1202
+
+
+def test_a_menu_row_stops_running_milps_once_one_returns_its_warm_start(monkeypatch):
+    """A block menu's MILP that stops at its time limit no better than its warm start ends its row's
+    MILPs: the other save budgets take the cheapest plan at hand within both budgets, without HiGHS.
+    A row whose MILPs improve (or prove their optimum) runs every save budget."""
+    from remat.plan import Plan
+    from remat.solvers import hierarchical as hierarchical_module
+    from remat.solvers.checkmate import within_save_budget
+    from remat.solvers.rotor import chains_or_error, store_all_option
+
+    ex = zoo.build("gpt2", size="tiny")
+    plan, _ = capture_and_plan(ex.model, *ex.args, solver="store_all", cost_model="unit", **ex.kwargs)
+    chain = chains_or_error(plan.graph, "hierarchical")[0]
+    blocks = sorted((chain.block_graph(k) for k in range(chain.length)), key=lambda b: -len(b.graph.nodes))
+    real = checkmate_module.solve_milp
+    calls = []
+
+    def stalled(graph, budget, **kwargs):
+        """The real MILP's plan, reported as a time-limited run that kept its warm start."""
+        found = real(graph, budget, **kwargs)
+        found.info.update({"status": "Time limit reached", "warm start compute seconds": found.compute_seconds})
+        calls.append((budget, kwargs["save_budget_bytes"]))
+        return found
+
+    def improving(graph, budget, **kwargs):
+        found = real(graph, budget, **kwargs)
+        found.info.update({"status": "Time limit reached", "warm start compute seconds": 2 * found.compute_seconds})
+        calls.append((budget, kwargs["save_budget_bytes"]))
+        return found
+
+    monkeypatch.setattr(checkmate_module, "solve_milp", improving)
+    for block in blocks:  # a layer's block whose row has several feasible MILPs
+        calls.clear()
+        _, full = hierarchical_module.block_menu(block, time_limit=60)
+        if len(calls) >= 3:
+            break
+    assert len(calls) >= 3 and full["warm starts kept"] == 0
+    calls.clear()
+    monkeypatch.setattr(checkmate_module, "solve_milp", stalled)
+    schedules, stats = hierarchical_module.block_menu(block, time_limit=60)
+    assert len(calls) == 1  # one row (PEAK_FRACTIONS), stopped after its first feasible MILP
+    assert stats["warm starts kept"] == full["milps"] - stats["milps"] > 0
+    bound, _ = calls[0]
+    kept = [Plan.from_schedule(block.graph, *s) for s in schedules[len(schedules) - stats["warm starts kept"]:]]
+    saves = [int(f * store_all_option(block).saved_bytes) for f in hierarchical_module.SAVE_FRACTIONS]
+    for p in kept:  # each within the row's peak bound and some save budget of the row
+        assert p.peak_bytes <= bound
+        assert any(within_save_budget(block.graph, [p], s) for s in saves)

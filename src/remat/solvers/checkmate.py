@@ -91,6 +91,14 @@ def warm_start_plans(graph: Graph, budget_bytes: int | None) -> list[Plan]:
     return plans
 
 
+def within_save_budget(graph: Graph, plans, save_budget_bytes: int) -> list[Plan]:
+    """The ``plans`` whose forward keeps at most ``save_budget_bytes`` for the backward (the save
+    budget of :func:`~remat.solvers.checkmate_model.build` counts droppable values only)."""
+    variable, _ = value_roles(graph)
+    return [p for p in plans
+            if sum(graph.values[v].bytes for v in p.saved_values if v in variable) <= save_budget_bytes]
+
+
 def formulation_info(f: Formulation) -> dict:
     binaries = sum(f.integer)
     return {
@@ -220,10 +228,8 @@ def solve_milp(
             candidates = sorted(warm_start_plans(graph, 0), key=lambda p: (p.peak_bytes, p.compute_seconds))
         else:
             plans = (warm_start_plans(graph, budget_bytes) if baselines else []) + list(warm_plans)
-            if save_budget_bytes is not None:  # the save budget counts droppable values only
-                variable, _ = value_roles(graph)
-                plans = [p for p in plans
-                         if sum(graph.values[v].bytes for v in p.saved_values if v in variable) <= save_budget_bytes]
+            if save_budget_bytes is not None:
+                plans = within_save_budget(graph, plans, save_budget_bytes)
             if lp_warm_start and save_budget_bytes is None:  # LP rounding often lands far closer to the optimum than any baseline
                 try:
                     plans.append(
@@ -241,6 +247,7 @@ def solve_milp(
             if set_start(h, x):
                 warm = p
                 info["warm start"] = f"{p.solver} ({p.overhead * 100:+.1f}%)"
+                info["warm start compute seconds"] = p.compute_seconds
                 break
     limit = time_limit if time_limit is not None else DEFAULT_TIME_LIMIT
     status, hinfo, x = run_highs(h, max(min(1.0, limit), limit - (time.perf_counter() - start)), gap, threads)

@@ -23,7 +23,12 @@ milliseconds (:mod:`remat.solvers.keep_set`); each is offered with its *lean* va
 recomputes dropped right after use: more compute, a lower peak, for tight budgets). With the peak
 bounded it is the Checkmate MILP (:func:`~remat.solvers.checkmate.solve_milp`, built once per row:
 only the save bound changes), stopped after ``PEAK_TIME_LIMIT`` seconds with its best schedule,
-unless the keep-set schedule already fits the bound (it is then optimal there too).
+unless the keep-set schedule already fits the bound (it is then optimal there too). Once one of a
+row's MILPs stops at its limit with nothing better than its warm start, the row's other save
+budgets take their warm starts without a MILP: on blocks of 60 ops and more HiGHS rarely gets past
+its presolve in that time (the 64-layer Llama-style model's three block classes: 15 MILPs, each
+returning its warm start; 6 s of its 12 s of planning), while on smaller blocks the first MILP
+usually improves and the row runs in full.
 """
 
 from __future__ import annotations
@@ -61,13 +66,14 @@ def block_menu(block: Block, *, time_limit: float) -> tuple[list[tuple], dict]:
     optimal there too: bounding the peak cannot make a plan cheaper), else the Checkmate MILP,
     warm-started from the cheapest schedule found so far that fits both budgets.
     """
-    from .checkmate import warm_start_plans, solve_milp
+    from .checkmate import solve_milp, warm_start_plans, within_save_budget
 
     g = block.graph
     base = store_all_option(block)
     schedules = [([n.id for n in g.nodes if n.phase == FORWARD],
                   [n.id for n in g.nodes if n.phase != FORWARD])]
-    stats = {"milps": 0, "infeasible": 0, "not optimal": 0, "skipped": 0, "keep-set solves": 0, "seconds": 0.0}
+    stats = {"milps": 0, "infeasible": 0, "not optimal": 0, "skipped": 0, "keep-set solves": 0,
+             "warm starts kept": 0, "seconds": 0.0}
     forward_ops = sum(1 for n in g.nodes if n.phase == FORWARD)
     if forward_ops < MIN_FORWARD_OPS or base.saved_bytes == 0:
         return schedules, stats
@@ -92,12 +98,23 @@ def block_menu(block: Block, *, time_limit: float) -> tuple[list[tuple], dict]:
         bound = int(fraction * store_all_peak)
         found: list[Plan] = []
         warm = warm_start_plans(g, bound)  # the MILPs' warm starts, made once per row
+        milps_pay = True  # until a MILP returns its warm start: then the row's others are not run
 
         def bounded(save: int) -> Plan | None:
             """The row's plan at ``save`` (None: infeasible, or no plan found in time)."""
+            nonlocal milps_pay
             easy = unbounded.get(save)
             if easy is not None and easy.peak_bytes <= bound:
                 return easy  # optimal under the bound too; already in the menu
+            starts = warm + list(unbounded.values()) + found
+            if not milps_pay:  # the MILP's warm start: the cheapest plan at hand within both budgets
+                fitting = [p for p in within_save_budget(g, starts, save) if p.peak_bytes <= bound]
+                if not fitting:
+                    return None
+                stats["warm starts kept"] += 1
+                plan = min(fitting, key=lambda p: p.compute_seconds)
+                schedules.append(plan.schedule())
+                return plan
             left = time_limit - (time.perf_counter() - start)
             if left <= 0.5:
                 stats["skipped"] += 1
@@ -105,13 +122,15 @@ def block_menu(block: Block, *, time_limit: float) -> tuple[list[tuple], dict]:
             stats["milps"] += 1
             try:  # (quiet: no time-limit warning, which a thread could not silence safely)
                 plan = solve_milp(g, bound, save_budget_bytes=save, time_limit=min(PEAK_TIME_LIMIT, left),
-                                  gap=1e-3, quiet=True, warm_plans=warm + list(unbounded.values()) + found,
-                                  baselines=False)
+                                  gap=1e-3, quiet=True, warm_plans=starts, baselines=False)
             except SolverError:
                 stats["infeasible"] += 1
                 return None
             if plan.info.get("status") != "optimal":
                 stats["not optimal"] += 1
+                warm_seconds = plan.info.get("warm start compute seconds")
+                if warm_seconds is not None and plan.compute_seconds >= warm_seconds * (1 - 1e-9):
+                    milps_pay = False  # HiGHS did not improve on its warm start in its time
             schedules.append(plan.schedule())
             return plan
 
@@ -142,7 +161,7 @@ class HierarchicalPlanner:
         chains = chains_or_error(graph, "hierarchical")
         # blocks: of one chain; classes: distinct blocks given a menu, over both backward deals
         self.stats = {"blocks": chains[0].length, "classes (both deals)": 0, "milps": 0, "infeasible": 0,
-                      "not optimal": 0, "skipped": 0, "keep-set solves": 0}
+                      "not optimal": 0, "skipped": 0, "keep-set solves": 0, "warm starts kept": 0}
         blocks_of = [[chain.block_graph(k) for k in range(chain.length)] for chain in chains]
         # one block per class (block key), the classes of both chains together; big classes first:
         # they matter most if the time runs out
@@ -161,7 +180,7 @@ class HierarchicalPlanner:
             menus_of = {key: job.result() for key, job in jobs.items()}
         for key in order:
             self.stats["classes (both deals)"] += 1
-            for name in ("milps", "infeasible", "not optimal", "skipped", "keep-set solves"):
+            for name in ("milps", "infeasible", "not optimal", "skipped", "keep-set solves", "warm starts kept"):
                 self.stats[name] += menus_of[key][1][name]
         self.dps = []
         for chain, blocks in zip(chains, blocks_of):

@@ -40,7 +40,9 @@ deal of :mod:`~remat.solvers.chain` and the cheaper plan is kept.
 
 Memory is counted in *slots* (sizes rounded up), so the DP fills, for every ``(i, l, keep)``,
 a vector over all budgets ``m ≤ S`` slots at once — ``O(S·L²·(L + K))`` for ``K`` options per
-stage. The slot is a power of two near ``budget / SLOTS``: rounding adds at most one slot (0.1%
+stage (less in practice: every candidate of ``T(i, l, ·)`` needs at least ``a_{i-1} + H_l`` slots,
+so each cell computes only its columns from there on, and the candidates of both values of
+``keep`` in one pass). The slot is a power of two near ``budget / SLOTS``: rounding adds at most one slot (0.1%
 of the budget) per term of a peak, and a table serves every budget within a factor of two, so a
 new budget usually costs no DP at all. The chosen schedule is expanded into the graph's ops and
 checked by the simulator; since rounding and the model are conservative, the DP is also read at
@@ -265,7 +267,8 @@ class ChainDP:
         value = np.full((L, L, 2, 2, size), inf, dtype=np.float32)
         choice: dict[tuple, np.ndarray] = {}
         fn_prefix = np.concatenate([[0.0], np.cumsum(self.fn)])
-        columns = np.arange(size)
+        window = np.arange(size)  # a cell's columns from its first reachable one
+        a_in_array, pn_array = np.asarray(a_in), np.asarray(pn)
         # the first stage from i on that cannot run again bounds the splits of segments starting at i
         stop = [L] * (L + 1)
         for q in range(L - 1, -1, -1):
@@ -279,64 +282,78 @@ class ChainDP:
                 js = np.arange(i + 1, last + 1)
                 if len(js):
                     q = js - 1
-                    run_peak = np.maximum.accumulate(np.where(q > i, np.asarray(a_in)[q], 0) + np.asarray(pn)[q])
+                    run_peak = np.maximum.accumulate(np.where(q > i, a_in_array[q], 0) + pn_array[q])
                     split_fwd = (fn_prefix[js] - fn_prefix[i]).astype(np.float32)
+                    split_codes = -(2 * js[:, None] + np.arange(2)[None, :]).reshape(-1)
                 for have in (0, 1):
                     if have and self.skip[l] is None:
                         continue  # x_l kept for nothing: left infinite
+                    # every candidate needs at least ``base`` slots: the columns below stay infinite,
+                    # and only the window [lo, size) is computed
+                    base = a_in[i] + held[l] + (a_out[l] if have else 0)
+                    lo = min(base, size)
+                    width = size - lo
+                    # the candidates of (i, l, keep, have) for both keeps, as rows in the order a loop
+                    # would offer them (the first of equal candidates wins): B_l straight away, each
+                    # option, each split; needs[keep, row]: the slots a row needs to run at all
+                    rows: list[np.ndarray] = []
+                    needs: list[tuple[int, int]] = []
+                    codes: list[int] = []
+                    # (segments ending before the last stage are recomputations: the forward pass has
+                    # run every stage once by then)
+                    direct = self.direct[l] if i == l < L - 1 else None
+                    if direct is not None and (have or not direct.needs_output):
+                        # B_l straight away: it reads x_{l-1} (held) and x_l only if kept
+                        rows.append(np.full((2, width), direct.backward_seconds, dtype=np.float32))
+                        needs.append(tuple(max(base, (a_in[i] if (keep or direct.needs_input) else 0)
+                                               + unseen[i] + up(direct.backward_peak)) for keep in (0, 1)))
+                        codes.append(len(menus[i]))
+                    options = [] if (i == l and have) else tails[i] if i == l < L - 1 else menus[i]
+                    # (a recomputed segment's last stage: its pruned forward, the tail)
+                    for c, (t, s, pf, pb, need_in, need_out) in enumerate(options):
+                        row = np.full((2, width), inf, dtype=np.float32)
+                        need = []
+                        for keep in (0, 1):
+                            hold = a_in[i] if (keep or need_in) else 0
+                            need.append(max(base + pf, hold + unseen[i] + pb))
+                            if i == l:
+                                row[keep] = t
+                            else:  # column m reads the rest's value at m - hold - s
+                                start = max(lo, hold + s)
+                                if start < size:
+                                    row[keep, start - lo:] = t + value[i + 1, l, int(need_out), have,
+                                                                       start - hold - s: size - hold - s]
+                        rows.append(row)
+                        needs.append(tuple(need))
+                        codes.append(c)
+                    parts = [np.stack(rows, axis=1)] if rows else []
+                    if len(js):
+                        # checkpoint x_{j-1}, every j (up) and kept (0 then 1): T(j, l, m - a_{i-1}, kept,
+                        # have) after the forwards, then T(i, j-1, m, keep, kept)
+                        rest = np.full((len(js), 2, width), inf, dtype=np.float32)
+                        start = max(lo, a_in[i])
+                        if start < size:
+                            rest[:, :, start - lo:] = value[i + 1:last + 1, l, :, have, start - a_in[i]: size - a_in[i]]
+                        rest += split_fwd[:, None, None]
+                        first = value[i, i:last, :, :, lo:].transpose(1, 0, 2, 3)  # [keep, j, kept, m]
+                        parts.append((rest[None] + first).reshape(2, 2 * len(js), width))
+                        split_need = np.repeat(base + run_peak, 2)
+                        needs.extend(zip(split_need, split_need))
+                        codes.extend(split_codes)
+                    if not parts:
+                        continue
+                    cands = np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+                    # a row's first ``need - lo`` columns are out of its reach
+                    reach = np.asarray(needs).T - lo
+                    cands[window[None, None, :width] < reach[:, :, None]] = inf
+                    best_row = np.argmin(cands, axis=1)
+                    lowest = np.take_along_axis(cands, best_row[:, None, :], axis=1)[:, 0, :]
+                    found = lowest < inf
+                    code_of = np.asarray(codes, dtype=np.int16)
+                    value[i, l, :, have, lo:] = lowest
                     for keep in (0, 1):
-                        best = np.full(size, inf, dtype=np.float32)
                         pick = np.full(size, -(L + 1), dtype=np.int16)
-                        base = a_in[i] + held[l] + (a_out[l] if have else 0)
-
-                        def offer_rows(cands, needs, codes):
-                            """Each row offered in turn, in one step: a row's first ``need`` slots are
-                            out of reach; per slot the first lowest row, if below the best so far."""
-                            nonlocal best
-                            cands[columns[None, :] < np.asarray(needs)[:, None]] = inf
-                            row = np.argmin(cands, axis=0)
-                            lowest = cands[row, columns]
-                            better = lowest < best
-                            best = np.where(better, lowest, best)
-                            pick[better] = codes[row[better]]
-
-                        # (segments ending before the last stage are recomputations: the
-                        # forward pass has run every stage once by then)
-                        direct = self.direct[l] if i == l < L - 1 else None
-                        if direct is not None and (have or not direct.needs_output):
-                            # B_l straight away: it reads x_{l-1} (held) and x_l only if kept
-                            hold = a_in[i] if (keep or direct.needs_input) else 0
-                            need = max(base, hold + unseen[i] + up(direct.backward_peak))
-                            offer_rows(np.full((1, size), direct.backward_seconds, dtype=np.float32), [need],
-                                       np.asarray([len(menus[i])], dtype=np.int16))
-                        options = [] if (i == l and have) else tails[i] if i == l < L - 1 else menus[i]
-                        if options:  # (a recomputed segment's last stage: its pruned forward, the tail)
-                            # every option at once, in order (the first of equal candidates wins)
-                            rows = np.full((len(options), size), inf, dtype=np.float32)
-                            needs = []
-                            for c, (t, s, pf, pb, need_in, need_out) in enumerate(options):
-                                hold = a_in[i] if (keep or need_in) else 0
-                                needs.append(max(base + pf, hold + unseen[i] + pb))
-                                if i == l:
-                                    rows[c] = 0.0
-                                elif hold + s < size:
-                                    rows[c, hold + s:] = value[i + 1, l, int(need_out), have, : size - hold - s]
-                            times = np.asarray([o[0] for o in options], dtype=np.float32)
-                            offer_rows(times[:, None] + rows, needs, np.arange(len(options), dtype=np.int16))
-                        # checkpoint x_{j-1}: every j at once, in the order a loop would offer them
-                        # (j up, kept 0 then 1; the first of equal candidates wins): T(j, l, m - a_{i-1},
-                        # kept, have) after the forwards, then T(i, j-1, m, keep, kept)
-                        if len(js):
-                            cands = np.full((len(js), 2, size), inf, dtype=np.float32)
-                            shift = a_in[i]
-                            if shift < size:
-                                cands[:, :, shift:] = value[i + 1:last + 1, l, :, have, : size - shift]
-                            cands += split_fwd[:, None, None]
-                            cands += value[i, i:last, keep, :, :]
-                            codes = -(2 * js[:, None] + np.arange(2)[None, :])
-                            offer_rows(cands.reshape(2 * len(js), size), np.repeat(base + run_peak, 2),
-                                       codes.reshape(-1).astype(np.int16))
-                        value[i, l, keep, have] = best
+                        pick[lo:][found[keep]] = code_of[best_row[keep][found[keep]]]
                         choice[(i, l, keep, have)] = pick
         return {(0, L - 1, 0, 0): value[0, L - 1, 0, 0].copy()}, choice
 
