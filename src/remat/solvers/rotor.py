@@ -267,7 +267,6 @@ class ChainDP:
         value = np.full((L, L, 2, 2, size), inf, dtype=np.float32)
         choice: dict[tuple, np.ndarray] = {}
         fn_prefix = np.concatenate([[0.0], np.cumsum(self.fn)])
-        window = np.arange(size)  # a cell's columns from its first reachable one
         a_in_array, pn_array = np.asarray(a_in), np.asarray(pn)
         # the first stage from i on that cannot run again bounds the splits of segments starting at i
         stop = [L] * (L + 1)
@@ -279,8 +278,9 @@ class ChainDP:
                 l = i + length
                 # checkpoint x_{j-1} for j = i+1..last: stages i..j-1 run F_∅ (all must be recomputable)
                 last = min(l, stop[i])
-                js = np.arange(i + 1, last + 1)
-                if len(js):
+                splits = last - i
+                if splits:
+                    js = np.arange(i + 1, last + 1)
                     q = js - 1
                     run_peak = np.maximum.accumulate(np.where(q > i, a_in_array[q], 0) + pn_array[q])
                     split_fwd = (fn_prefix[js] - fn_prefix[i]).astype(np.float32)
@@ -293,67 +293,73 @@ class ChainDP:
                     base = a_in[i] + held[l] + (a_out[l] if have else 0)
                     lo = min(base, size)
                     width = size - lo
-                    # the candidates of (i, l, keep, have) for both keeps, as rows in the order a loop
-                    # would offer them (the first of equal candidates wins): B_l straight away, each
-                    # option, each split; needs[keep, row]: the slots a row needs to run at all
-                    rows: list[np.ndarray] = []
-                    needs: list[tuple[int, int]] = []
-                    codes: list[int] = []
                     # (segments ending before the last stage are recomputations: the forward pass has
                     # run every stage once by then)
                     direct = self.direct[l] if i == l < L - 1 else None
-                    if direct is not None and (have or not direct.needs_output):
-                        # B_l straight away: it reads x_{l-1} (held) and x_l only if kept
-                        rows.append(np.full((2, width), direct.backward_seconds, dtype=np.float32))
-                        needs.append(tuple(max(base, (a_in[i] if (keep or direct.needs_input) else 0)
-                                               + unseen[i] + up(direct.backward_peak)) for keep in (0, 1)))
-                        codes.append(len(menus[i]))
+                    if direct is not None and not (have or not direct.needs_output):
+                        direct = None
                     options = [] if (i == l and have) else tails[i] if i == l < L - 1 else menus[i]
                     # (a recomputed segment's last stage: its pruned forward, the tail)
+                    first_option = int(direct is not None)
+                    first_split = first_option + len(options)
+                    rows = first_split + 2 * splits
+                    if not rows:  # no candidate: the cell stays infinite
+                        for keep in (0, 1):
+                            choice[(i, l, keep, have)] = np.full(size, -(L + 1), dtype=np.int16)
+                        continue
+                    # cands[keep, row, m - lo]: the candidates of (i, l, keep, have) for both keeps, in
+                    # the order a loop would offer them (the first of equal candidates wins): B_l straight
+                    # away, each option, each split; reach[keep, row]: the columns out of the row's reach
+                    cands = np.empty((2, rows, width), dtype=np.float32)
+                    reach = np.zeros((2, rows), dtype=np.int64)
+                    codes = np.empty(rows, dtype=np.int16)
+                    if direct is not None:
+                        # B_l straight away: it reads x_{l-1} (held) and x_l only if kept
+                        cands[:, 0] = direct.backward_seconds
+                        for keep in (0, 1):
+                            hold = a_in[i] if (keep or direct.needs_input) else 0
+                            reach[keep, 0] = max(base, hold + unseen[i] + up(direct.backward_peak))
+                        codes[0] = len(menus[i])
                     for c, (t, s, pf, pb, need_in, need_out) in enumerate(options):
-                        row = np.full((2, width), inf, dtype=np.float32)
-                        need = []
+                        r = first_option + c
+                        codes[r] = c
                         for keep in (0, 1):
                             hold = a_in[i] if (keep or need_in) else 0
-                            need.append(max(base + pf, hold + unseen[i] + pb))
+                            reach[keep, r] = max(base + pf, hold + unseen[i] + pb)
                             if i == l:
-                                row[keep] = t
-                            else:  # column m reads the rest's value at m - hold - s
-                                start = max(lo, hold + s)
-                                if start < size:
-                                    row[keep, start - lo:] = t + value[i + 1, l, int(need_out), have,
-                                                                       start - hold - s: size - hold - s]
-                        rows.append(row)
-                        needs.append(tuple(need))
-                        codes.append(c)
-                    parts = [np.stack(rows, axis=1)] if rows else []
-                    if len(js):
+                                cands[keep, r] = t
+                                continue
+                            # column m reads the rest's value at m - hold - s
+                            start = min(max(lo, hold + s), size)
+                            cands[keep, r, :start - lo] = inf
+                            np.add(value[i + 1, l, int(need_out), have, start - hold - s: size - hold - s], t,
+                                   out=cands[keep, r, start - lo:])
+                    if splits:
                         # checkpoint x_{j-1}, every j (up) and kept (0 then 1): T(j, l, m - a_{i-1}, kept,
                         # have) after the forwards, then T(i, j-1, m, keep, kept)
-                        rest = np.full((len(js), 2, width), inf, dtype=np.float32)
-                        start = max(lo, a_in[i])
-                        if start < size:
-                            rest[:, :, start - lo:] = value[i + 1:last + 1, l, :, have, start - a_in[i]: size - a_in[i]]
-                        rest += split_fwd[:, None, None]
+                        rest = np.empty((splits, 2, width), dtype=np.float32)
+                        start = min(max(lo, a_in[i]), size)
+                        rest[:, :, :start - lo] = inf
+                        np.add(value[i + 1:last + 1, l, :, have, start - a_in[i]: size - a_in[i]],
+                               split_fwd[:, None, None], out=rest[:, :, start - lo:])
                         first = value[i, i:last, :, :, lo:].transpose(1, 0, 2, 3)  # [keep, j, kept, m]
-                        parts.append((rest[None] + first).reshape(2, 2 * len(js), width))
-                        split_need = np.repeat(base + run_peak, 2)
-                        needs.extend(zip(split_need, split_need))
-                        codes.extend(split_codes)
-                    if not parts:
-                        continue
-                    cands = np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
-                    # a row's first ``need - lo`` columns are out of its reach
-                    reach = np.asarray(needs).T - lo
-                    cands[window[None, None, :width] < reach[:, :, None]] = inf
+                        np.add(rest[None], first, out=cands[:, first_split:].reshape(2, splits, 2, width))
+                        reach[:, first_split:] = np.repeat(base + run_peak, 2)[None, :]
+                        codes[first_split:] = split_codes
+                    reach -= lo
+                    for r in np.flatnonzero(reach.max(axis=0) > 0):
+                        if reach[0, r] == reach[1, r]:
+                            cands[:, r, :reach[0, r]] = inf
+                        else:
+                            cands[0, r, :reach[0, r]] = inf
+                            cands[1, r, :reach[1, r]] = inf
                     best_row = np.argmin(cands, axis=1)
                     lowest = np.take_along_axis(cands, best_row[:, None, :], axis=1)[:, 0, :]
                     found = lowest < inf
-                    code_of = np.asarray(codes, dtype=np.int16)
                     value[i, l, :, have, lo:] = lowest
                     for keep in (0, 1):
                         pick = np.full(size, -(L + 1), dtype=np.int16)
-                        pick[lo:][found[keep]] = code_of[best_row[keep][found[keep]]]
+                        pick[lo:][found[keep]] = codes[best_row[keep][found[keep]]]
                         choice[(i, l, keep, have)] = pick
         return {(0, L - 1, 0, 0): value[0, L - 1, 0, 0].copy()}, choice
 
