@@ -105,6 +105,36 @@ def test_checkmates_smallest_peak_is_solved_once_per_graph(monkeypatch):
     assert calls.count(None) == 0  # the smallest-peak MILP ran when checkmate first missed, not again
 
 
+def test_a_named_recomputation_solver_shares_its_work_with_the_graph_without_offload_costs(monkeypatch):
+    """The offload tier's costs change no recomputation plan: a named recomputation solver plans a graph
+    that has them on its twin without them (``recomputation_twin``), as ``auto`` does, so the smallest-peak
+    MILP that names the minimum runs once for both (a sweep asked it once per graph: 5 s, then 10 s)."""
+    from remat.solvers.planner import RECOMPUTATION_SOLVERS, SWAPPING_SOLVERS, clear_caches
+
+    assert all(name in SOLVERS and name not in SWAPPING_SOLVERS for name in RECOMPUTATION_SOLVERS)
+    clear_caches()
+    g = _graph("mlp")
+    transfer = {"d2h_bytes_per_s": 1.8e9, "h2d_bytes_per_s": 1.6e9, "latency_s": 2.5e-4, "overlap": False}
+    with_costs = dataclasses.replace(g, meta={**g.meta, "transfer": transfer})
+    calls = []
+    real = checkmate_module.solve_milp
+
+    def counting(graph, budget_bytes, **kwargs):
+        calls.append(budget_bytes)
+        return real(graph, budget_bytes, **kwargs)
+
+    monkeypatch.setattr(checkmate_module, "solve_milp", counting)
+    minima = []
+    for graph in (with_costs, g):
+        with pytest.raises(InfeasibleBudgetError) as err:
+            make_plan(graph, peak_lower_bound(graph) + 1, solver="checkmate")
+        minima.append(err.value.min_budget_bytes)
+    assert minima[0] == minima[1]
+    assert calls.count(None) == 1
+    plan = make_plan(with_costs, minima[0], solver="checkmate")
+    assert plan.graph is with_costs and plan.peak_bytes <= minima[0]
+
+
 # ------------------------------------------------------------------ the bounds that count the backward
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())

@@ -77,6 +77,9 @@ FAST_SOLVERS = ("checkpoint_all", "chen_sqrt", "chen_greedy", "rotor", "hierarch
 # then minimises the peak): their minimum is learnt from that plan, not from a second solve
 MINIMUM_WHEN_INFEASIBLE = ("checkmate", "checkmate_lp", "cpsat")
 SWAPPING_SOLVERS = ("hybrid", "checkmate_swap")  # the solvers that read the transfer costs
+# remat's solvers whose plans never offload (a solver registered by a user may: it is not assumed to)
+RECOMPUTATION_SOLVERS = ("store_all", "checkpoint_all", "chen_sqrt", "chen_sqrt_ap", "chen_greedy", "chen_greedy_ap",
+                         "revolve", "rotor", "hierarchical", "checkmate", "checkmate_lp", "cpsat", "keep_set", "reorder")
 # the budget to raise to when a budget is below the lower bound: these solvers' smallest plans (each
 # a sweep or a DP, no search), with the smallest-peak plans already known for the graph
 # (rotor is left out: its DP at budget 0 took 11 s on the zoo's MobileNet)
@@ -489,6 +492,15 @@ def recomputation_plan(graph: Graph, budget_bytes: int, *, time_limit: float | N
 
 
 def _named(graph: Graph, budget_bytes, solver: str, time_limit, options, fraction) -> Plan:
+    twin = recomputation_twin(graph)
+    if solver in RECOMPUTATION_SOLVERS and twin is not graph:
+        # a recomputation solver does not read the offload tier's costs: planned on the twin, it shares
+        # the work of every plan made there (``auto``'s, a sweep's; the smallest-peak MILP of an exact
+        # solver's fallback, 5-10 s, ran once on each before)
+        try:
+            return on_graph(_named(twin, budget_bytes, solver, time_limit, options, fraction), graph)
+        finally:
+            _learn_minima(graph, twin)
     plan = _run(solver, graph, budget_bytes, time_limit, options, skip_inapplicable=False)
     if _fits(plan, budget_bytes):
         return _for_budget(plan, budget_bytes)
