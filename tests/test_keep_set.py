@@ -70,6 +70,30 @@ def test_keep_set_solver_returns_the_cheapest_fitting_plan_of_the_save_budgets_i
         solve("keep_set", g, budget, gap=0.1)
 
 
+def test_a_kept_set_over_the_budget_is_not_scheduled_and_changes_no_plan(monkeypatch):
+    """Every value of a kept set is resident when the forward ends: a set whose bytes alone exceed the
+    budget cannot fit, and its schedules are neither built nor simulated; the plan is the same."""
+    from remat.solvers.keep_set import KeepSetPlanner
+    from remat.solvers.planner import clear_caches
+
+    g = chain(n=8, size=100)
+    store_all = solve("store_all", g, None)
+    budget = (solve("keep_set", g, 0).peak_bytes + store_all.peak_bytes) // 2
+    clear_caches()
+    plan = solve("keep_set", g, budget)
+    planner = keep_set_planner(g)
+    over = [s for s, kept in planner._kept.items() if kept and sum(g.values[v].bytes for v in kept) > budget]
+    assert over and not any((s, lean) in planner._plans for s in over for lean in (False, True))
+    clear_caches()
+    real = KeepSetPlanner.plans_at
+    monkeypatch.setattr(KeepSetPlanner, "plans_at",
+                        lambda self, save, limit, budget_bytes=None, over_budget_too=False:
+                        real(self, save, limit, budget_bytes, over_budget_too=True))
+    every = solve("keep_set", g, budget)
+    assert (every.peak_bytes, every.compute_seconds) == (plan.peak_bytes, plan.compute_seconds)
+    assert all((s, False) in keep_set_planner(g)._plans for s in over)
+
+
 def test_auto_also_runs_keep_set_where_it_runs_the_hierarchical_planner():
     g = chain(n=60, size=100)  # more ops than auto's MILP takes: the hierarchical planner's graph
     budget = solve("store_all", g, None).peak_bytes * 6 // 10

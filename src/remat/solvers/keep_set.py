@@ -215,10 +215,10 @@ class KeepSetPlanner:
         self._plans: dict[tuple[int, bool], Plan] = {}  # (save budget, lean) -> its schedule's plan
 
     def plans_at(self, save: int, time_limit: float | None, budget_bytes: int | None = None,
-                 hopeless: bool = False) -> list[Plan]:
+                 over_budget_too: bool = False) -> list[Plan]:
         """The schedules keeping the cheapest set within ``save`` bytes, plain and lean ([] if none);
         the lean one only when the plain one peaks above ``budget_bytes`` (it costs at least as much);
-        with ``hopeless`` False, none when the kept set alone is over ``budget_bytes`` (its values are
+        unless ``over_budget_too``, none when the kept set alone is over ``budget_bytes`` (its values are
         all resident, each in its own storage, when the forward ends: no schedule of it fits, and
         simulating two took 0.3 s a save budget on a 64-layer model). The first answer for ``save``
         is kept, also one a time limit cut short."""
@@ -227,7 +227,7 @@ class KeepSetPlanner:
         kept = self._kept[save]
         if kept is None:
             return []
-        if (budget_bytes is not None and not hopeless
+        if (budget_bytes is not None and not over_budget_too
                 and sum(self.graph.values[v].bytes for v in kept) > budget_bytes):
             return []
         plans = []
@@ -276,7 +276,7 @@ class KeepSetPlanner:
         candidates = [p for plans in found.values() for p in plans]
         if budget_bytes is not None and not any(fits(p) for p in candidates):
             # nothing fits: the smallest peak is the answer, among the schedules of every set kept
-            candidates = [p for s in found for p in self.plans_at(s, None, budget_bytes, hopeless=True)]
+            candidates = [p for s in found for p in self.plans_at(s, None, budget_bytes, over_budget_too=True)]
         if not candidates:
             raise SolverError(f"keep_set found no schedule for {self.graph.name!r} in {time_limit:.0f} s")
         plan = copy.copy(cheapest_fitting(candidates, budget_bytes))  # the memoised one stays as it is

@@ -296,8 +296,8 @@ class ChainDP:
                     # (segments ending before the last stage are recomputations: the forward pass has
                     # run every stage once by then)
                     direct = self.direct[l] if i == l < L - 1 else None
-                    if direct is not None and not (have or not direct.needs_output):
-                        direct = None
+                    if direct is not None and direct.needs_output and not have:
+                        direct = None  # B_l reads x_l, which is gone
                     options = [] if (i == l and have) else tails[i] if i == l < L - 1 else menus[i]
                     # (a recomputed segment's last stage: its pruned forward, the tail)
                     first_option = int(direct is not None)
