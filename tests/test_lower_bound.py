@@ -88,9 +88,8 @@ def test_a_budget_below_the_bound_is_refused_without_searching(monkeypatch):
     assert fitting and all(plan.peak_bytes <= err.min_budget_bytes for plan in fitting)
 
 
-def test_checkmates_smallest_peak_is_solved_once_per_graph(monkeypatch):
-    g = _graph("mlp")
-    smallest = solve("checkmate", g, 0)
+def _count_milps(monkeypatch) -> list:
+    """The budgets of every ``solve_milp`` call from now on (``None``: the smallest-peak MILP)."""
     calls = []
     real = checkmate_module.solve_milp
 
@@ -99,6 +98,13 @@ def test_checkmates_smallest_peak_is_solved_once_per_graph(monkeypatch):
         return real(graph, budget_bytes, **kwargs)
 
     monkeypatch.setattr(checkmate_module, "solve_milp", counting)
+    return calls
+
+
+def test_checkmates_smallest_peak_is_solved_once_per_graph(monkeypatch):
+    g = _graph("mlp")
+    smallest = solve("checkmate", g, 0)
+    calls = _count_milps(monkeypatch)
     for budget in (1, 1024, smallest.peak_bytes - 1):
         plan = solve("checkmate", g, budget, coarsen=None)
         assert plan.peak_bytes == smallest.peak_bytes and "infeasible" in plan.info["status"]
@@ -116,14 +122,7 @@ def test_a_named_recomputation_solver_shares_its_work_with_the_graph_without_off
     g = _graph("mlp")
     transfer = {"d2h_bytes_per_s": 1.8e9, "h2d_bytes_per_s": 1.6e9, "latency_s": 2.5e-4, "overlap": False}
     with_costs = dataclasses.replace(g, meta={**g.meta, "transfer": transfer})
-    calls = []
-    real = checkmate_module.solve_milp
-
-    def counting(graph, budget_bytes, **kwargs):
-        calls.append(budget_bytes)
-        return real(graph, budget_bytes, **kwargs)
-
-    monkeypatch.setattr(checkmate_module, "solve_milp", counting)
+    calls = _count_milps(monkeypatch)
     minima = []
     for graph in (with_costs, g):
         with pytest.raises(InfeasibleBudgetError) as err:

@@ -420,18 +420,18 @@ def test_a_menu_row_stops_running_milps_once_one_returns_its_warm_start(monkeypa
     real = checkmate_module.solve_milp
     calls = []
 
-    def stalled(graph, budget, **kwargs):
-        """The real MILP's plan, reported as a time-limited run that kept its warm start."""
-        found = real(graph, budget, **kwargs)
-        found.info.update({"status": "Time limit reached", "warm start compute seconds": found.compute_seconds})
-        calls.append((budget, kwargs["save_budget_bytes"]))
-        return found
+    def reported(warm_start_factor: float):
+        """The real MILP, its plan reported as a time-limited run from a warm start ``warm_start_factor``
+        times its compute (1: it kept its warm start; 2: it improved on it)."""
+        def milp(graph, budget, **kwargs):
+            found = real(graph, budget, **kwargs)
+            found.info.update({"status": "Time limit reached",
+                               "warm start compute seconds": warm_start_factor * found.compute_seconds})
+            calls.append((budget, kwargs["save_budget_bytes"]))
+            return found
+        return milp
 
-    def improving(graph, budget, **kwargs):
-        found = real(graph, budget, **kwargs)
-        found.info.update({"status": "Time limit reached", "warm start compute seconds": 2 * found.compute_seconds})
-        calls.append((budget, kwargs["save_budget_bytes"]))
-        return found
+    improving, stalled = reported(2.0), reported(1.0)
 
     monkeypatch.setattr(checkmate_module, "solve_milp", improving)
     for block in blocks:  # a layer's block whose row has several feasible MILPs

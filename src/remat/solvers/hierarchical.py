@@ -55,6 +55,8 @@ PEAK_FRACTIONS = (0.85,)
 PEAK_TIME_LIMIT = 0.25
 MIN_FORWARD_OPS = 3  # smaller blocks keep Rotor's three choices only
 DEFAULT_TIME_LIMIT = 120.0
+# what block_menu counts, summed over the classes in the planner's stats
+MENU_COUNTS = ("milps", "infeasible", "not optimal", "skipped", "keep-set solves", "warm starts kept")
 
 
 def block_menu(block: Block, *, time_limit: float) -> tuple[list[tuple], dict]:
@@ -72,8 +74,7 @@ def block_menu(block: Block, *, time_limit: float) -> tuple[list[tuple], dict]:
     base = store_all_option(block)
     schedules = [([n.id for n in g.nodes if n.phase == FORWARD],
                   [n.id for n in g.nodes if n.phase != FORWARD])]
-    stats = {"milps": 0, "infeasible": 0, "not optimal": 0, "skipped": 0, "keep-set solves": 0,
-             "warm starts kept": 0, "seconds": 0.0}
+    stats = {**dict.fromkeys(MENU_COUNTS, 0), "seconds": 0.0}
     forward_ops = sum(1 for n in g.nodes if n.phase == FORWARD)
     if forward_ops < MIN_FORWARD_OPS or base.saved_bytes == 0:
         return schedules, stats
@@ -160,8 +161,7 @@ class HierarchicalPlanner:
         start = time.perf_counter()
         chains = chains_or_error(graph, "hierarchical")
         # blocks: of one chain; classes: distinct blocks given a menu, over both backward deals
-        self.stats = {"blocks": chains[0].length, "classes (both deals)": 0, "milps": 0, "infeasible": 0,
-                      "not optimal": 0, "skipped": 0, "keep-set solves": 0, "warm starts kept": 0}
+        self.stats = {"blocks": chains[0].length, "classes (both deals)": 0, **dict.fromkeys(MENU_COUNTS, 0)}
         blocks_of = [[chain.block_graph(k) for k in range(chain.length)] for chain in chains]
         # one block per class (block key), the classes of both chains together; big classes first:
         # they matter most if the time runs out
@@ -180,7 +180,7 @@ class HierarchicalPlanner:
             menus_of = {key: job.result() for key, job in jobs.items()}
         for key in order:
             self.stats["classes (both deals)"] += 1
-            for name in ("milps", "infeasible", "not optimal", "skipped", "keep-set solves", "warm starts kept"):
+            for name in MENU_COUNTS:
                 self.stats[name] += menus_of[key][1][name]
         self.dps = []
         for chain, blocks in zip(chains, blocks_of):
