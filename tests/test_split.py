@@ -385,3 +385,60 @@ def test_compiles_split_search_takes_more_chunks_while_each_is_predicted_faster(
     # slower than that is not planned, and neither are more chunks
     assert search({2: (1.10, 0.10), 4: NOT_FASTER, 8: (1.0, 0.0)}, slow) == 2
     assert asked == [(2, pytest.approx(1.20 * 0.98)), (4, pytest.approx(1.10 * 0.98))]
+
+
+class MLPAndHead(nn.Module):
+    """A residual MLP, then a head over a 16x wider vocabulary: two sites over the same tokens whose
+    largest values differ 4-fold. (Under Inductor BatchNorm is decomposed and does not split: the
+    two-scale CNN of ``test_split_batch`` has no sites there.)"""
+
+    def __init__(self, d=32, vocab=512):
+        super().__init__()
+        self.up, self.down, self.head = nn.Linear(d, 4 * d), nn.Linear(4 * d, d), nn.Linear(d, vocab)
+
+    def forward(self, x, target):
+        x = x + self.down(F.gelu(self.up(x)))
+        return F.cross_entropy(self.head(x).flatten(0, 1), target.flatten())
+
+
+def test_inductor_runs_sites_in_different_chunk_counts_exactly_and_as_predicted(monkeypatch):
+    """``remat.compile`` weighs per-site counts as the eager backend does. Below the step's floor as
+    captured, the head splits into more chunks than the MLP (here the MLP stays whole, predicted
+    faster and lower; taken through a stand-in that always prefers per-site counts, as which is faster
+    depends on measured times). The step gives eager's loss and gradients and measures the peak it
+    predicts; only the split step chosen is weighed against offloading (once per split weighed took
+    two minutes here)."""
+    import remat.inductor.partition as partition
+    from remat.capture.split_choice import site_chunks
+    from remat.inductor import measured_step_peak
+
+    weighed, offload_checks = [], []
+
+    def always_graded(chosen, sites, plan_for, smallest=False):
+        counts = site_chunks(sites, chosen[0])
+        weighed.append(counts)
+        graded = plan_for(counts)
+        return chosen if graded is None else (counts, graded)
+
+    checked = partition.RematPartitioner._offload_if_much_cheaper
+    monkeypatch.setattr(partition, "graded_chunks", always_graded)
+    monkeypatch.setattr(partition.RematPartitioner, "_offload_if_much_cheaper",
+                        lambda self, fused, plan, *a, **k: offload_checks.append(plan) or checked(self, fused, plan, *a, **k))
+    torch.manual_seed(0)
+    model, args = MLPAndHead(), (torch.randn(4, 256, 32), torch.randint(0, 512, (4, 256)))
+    eager_model = copy.deepcopy(model)
+    compiled = remat.compile(copy.deepcopy(model), *args, budget=0.7, cache=False, calibrate=False)
+    plan = compiled.plan
+    split = plan.info["split"]
+    assert weighed and split["site_chunks"] == list(weighed[-1]) and split["site_chunks"][1] < split["chunks"]
+    assert plan.info["compiler"] == "inductor" and plan.peak_bytes <= plan.info["budget_bytes"]
+    assert len(offload_checks) == 1 and offload_checks[0] is plan  # the chosen split step's plan only
+    eager_loss, eager = _grads(eager_model, *args)
+    loss, grads = _grads(compiled, *args)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=0)
+    _close(grads, eager)
+    # at most the prediction: Inductor fuses the loss backward's one-hot term (2 MiB, made from the
+    # targets alone) into its readers, which the fused graph does not model (remat.inductor.fusion:
+    # measured / predicted 0.61 for this step unsplit at 0.95, 0.91 with both sites in 4 chunks)
+    measured = measured_step_peak(compiled, args, {})
+    assert 0.85 * plan.peak_bytes <= measured <= plan.peak_bytes, (measured, plan.peak_bytes)

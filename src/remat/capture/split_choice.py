@@ -8,9 +8,8 @@ The lowerings plan a split step for each choice and keep the one the simulator p
 * :func:`smallest_chunks` (both lowerings, ``budget="min"``):
   more chunks while each lowers the quick planners' smallest peak by ``MIN_GAIN``; that count's
   smallest plan is then kept where it peaks ``MIN_GAIN`` below the unsplit step's (:func:`lower_enough`);
-* :func:`graded_chunks` (the eager backend; not yet the Inductor partitioner, whose split search
-  took minutes on a forced two-site test): each site in :func:`site_chunks` instead of one count
-  for all, where that is predicted no slower.
+* :func:`graded_chunks` (both lowerings, wherever ``split="auto"`` chose a count): each site in
+  :func:`site_chunks` instead of one count for all, where that is predicted no slower.
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from ..budget import is_fraction
 from ..capture import capture_joint, joint_device
 from ..capture.split import FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_info, split_joint
-from ..capture.split_choice import NOT_FASTER, faster_chunks, lower_enough, smallest_chunks
+from ..capture.split_choice import NOT_FASTER, faster_chunks, graded_chunks, lower_enough, smallest_chunks
 from ..capture.shapes import bucket_key, concrete_joint, guard_bucket, is_dynamic, name_bucket, refuse_unless_monotone
 from ..capture.split_sizes import SymbolicSizes, chunk_counts
 from ..cost import INDUCTOR_COST_MODEL, make_cost_fn, make_workspace_fn
@@ -255,17 +255,25 @@ class RematPartitioner(CustomPartitionerFn):
                                             unsplit_bytes, f"{chunks} chunks'", bucket, key, sizes)
                 if faster is not None:
                     chunks, (capture, fused, plan) = faster
+            chunks, (capture, fused, plan) = self._graded(planned_gm, num_fwd_outputs, device, costs, sites, chunks,
+                                                          (capture, fused, plan), unsplit_bytes, bucket, key, sizes)
+            fused, plan = self._offered_offload(fused, plan, device, unsplit_bytes, bucket)
         else:
             if split == "auto" and not chunks and self._may_split_for_min():
                 smaller = self._smallest_split(planned_gm, num_fwd_outputs, device, costs, plan, bucket, key, sizes)
                 if smaller is not None:
-                    chunks, sites, (capture, fused, plan) = smaller
+                    chunks, sites, planned = smaller
+                    chunks, (capture, fused, plan) = self._graded(planned_gm, num_fwd_outputs, device, costs, sites,
+                                                                  chunks, planned, None, bucket, key, sizes)
             elif split == "auto" and not chunks and self._may_split_for_speed(plan, bucket):
-                sites = find_sites(planned_gm, num_fwd_outputs)
+                sites, budget_bytes = find_sites(planned_gm, num_fwd_outputs), self.last_budget_bytes
                 faster = self._faster_split(planned_gm, num_fwd_outputs, device, costs, plan, sites, SPLIT_FACTORS,
-                                            self.last_budget_bytes, "unsplit")
+                                            budget_bytes, "unsplit")
                 if faster is not None:
-                    chunks, (capture, fused, plan) = faster
+                    chunks, planned = faster
+                    chunks, (capture, fused, plan) = self._graded(planned_gm, num_fwd_outputs, device, costs, sites,
+                                                                  chunks, planned, budget_bytes)
+                    fused, plan = self._offered_offload(fused, plan, device, budget_bytes)
         # the chosen plan's budget (plans weighed and not taken set it too; "min" resolves per split step)
         self.last_budget_bytes = plan.info.get("budget_bytes", self.last_budget_bytes)
         # planned after all (split below the floor): a refusal recorded on the way is not this bucket's answer
@@ -301,11 +309,13 @@ class RematPartitioner(CustomPartitionerFn):
         """(capture, fused, plan) of the step with ``sites`` split into ``chunks``, where a quick plan fits
         (``budget_bytes``: the unsplit step's, None: the options' budget resolved on the split step); None
         where none fits or the plan is infeasible; ``NOT_FASTER`` where (``within``, seconds) the split step's
-        store-all step already takes that long. ``sizes``: the bucket's (:mod:`remat.capture.split_sizes`)."""
+        store-all step already takes that long. ``sizes``: the bucket's (:mod:`remat.capture.split_sizes`).
+        The plan weighs a split: the step chosen among them is offered the offload tier afterwards, once
+        (:meth:`_offered_offload`; for each split weighed, that took a minute on a two-site MLP)."""
         try:
             return self._capture_and_plan(split_joint(planned_gm, num_fwd_outputs, sites, chunks, sizes), num_fwd_outputs,
                                           device, costs, bucket, key, split_step=True, quick_only=True,
-                                          budget_bytes=budget_bytes, within=within)
+                                          budget_bytes=budget_bytes, within=within, offload_check=False)
         except InfeasibleBudgetError:
             return None
 
@@ -356,14 +366,37 @@ class RematPartitioner(CustomPartitionerFn):
             planned_gm, num_fwd_outputs, device, costs, sites, chunks, budget_bytes, bucket, key, sizes,
             within=within), label)
 
+    def _graded(self, planned_gm, num_fwd_outputs, device, costs, sites, chunks: int, planned: tuple,
+                budget_bytes: int | None, bucket=None, key=None, sizes=None):
+        """``(counts, (capture, fused, plan))``: ``planned`` (every site in ``chunks``), or the step with each
+        site in :func:`~remat.capture.split_choice.site_chunks` where that is predicted no slower
+        (:func:`~remat.capture.split_choice.graded_chunks`, the eager backend's rule): one more split step
+        captured and planned, by a quick plan within ``budget_bytes`` as the split plans weighed for speed
+        are, or for ``budget="min"`` its smallest plan in full."""
+        smallest = is_min(self.options.budget)
+
+        def plan_for(counts):
+            if not smallest:
+                return self._quick_split_plan(planned_gm, num_fwd_outputs, device, costs, sites, counts, budget_bytes,
+                                              bucket, key, sizes)
+            try:
+                return self._capture_and_plan(split_joint(planned_gm, num_fwd_outputs, sites, counts, sizes),
+                                              num_fwd_outputs, device, costs, bucket, key, split_step=True)
+            except RematError:  # the uniform split planned: a graded one that does not is not taken
+                return None
+
+        return graded_chunks((chunks, planned), sites, plan_for, smallest=smallest)
+
     def _capture_and_plan(self, planned_gm, num_fwd_outputs, device, costs, bucket, key, split_step=False,
-                          quick_only=False, budget_bytes: int | None = None, within: float | None = None):
+                          quick_only=False, budget_bytes: int | None = None, within: float | None = None,
+                          offload_check: bool = True):
         """Capture, fuse and plan one joint graph: (capture, fused graph, plan). Auto offloads below
         what recomputation reaches, or where that is much cheaper. ``split_step``: a split step,
         planned by ``SPLIT_FIRST_SOLVER`` first; ``quick_only``: None unless a quick plan fits;
         ``budget_bytes``: the budget in bytes, instead of the options' budget resolved on this graph;
         ``within``: ``NOT_FASTER``, without planning, where the store-all step (a floor on every plan's)
-        takes at least these seconds."""
+        takes at least these seconds; ``offload_check=False``: a fitting recomputation plan is not weighed
+        against offloading (the caller does that for the step it chooses)."""
         opts = self.options
         capture, fused = self._capture_and_fuse(
             planned_gm, num_fwd_outputs, device, costs,
@@ -392,8 +425,8 @@ class RematPartitioner(CustomPartitionerFn):
             fused = with_transfer_costs(fused, compiled_transfer_meta(device))
             plan = self._plan(fused, reuse_rounds=OFFLOAD_TRY_REUSE_ROUNDS, budget_bytes=budget_bytes)
         else:
-            if may_offload and not uses_swaps(fused.graph):
-                fused, plan = self._offload_if_much_cheaper(fused, plan, device, budget_bytes)
+            if offload_check:
+                fused, plan = self._offered_offload(fused, plan, device, budget_bytes, bucket)
         return capture, fused, plan
 
     def _capture_and_fuse(self, planned_gm, num_fwd_outputs, device, costs, transfer=None):
@@ -467,6 +500,14 @@ class RematPartitioner(CustomPartitionerFn):
         if self.margin_bytes:
             plan.info["planned_below_budget_by"] = self.margin_bytes
         return plan
+
+    def _offered_offload(self, fused, plan, device, budget_bytes: int | None = None, bucket=None):
+        """``(fused, plan)``, or the offloading plan :meth:`_offload_if_much_cheaper` takes instead: under
+        ``auto`` only, for a static step (``bucket`` None) whose plan does not offload already."""
+        opts = self.options
+        if opts.solver != "auto" or opts.plan is not None or bucket is not None or uses_swaps(fused.graph):
+            return fused, plan
+        return self._offload_if_much_cheaper(fused, plan, device, budget_bytes)
 
     def _offload_if_much_cheaper(self, fused, plan, device, budget_bytes: int | None = None):
         """``auto``'s recomputation plan, or, where it costs much more than computing everything once,
