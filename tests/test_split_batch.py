@@ -262,4 +262,3 @@ def test_sites_in_different_counts_slice_a_shared_input_each_their_own_way(monke
     loss, grads = _grads(wrapped, x)
     torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=0)
     _close(grads, eager)
-
