@@ -405,9 +405,9 @@ def test_inductor_runs_sites_in_different_chunk_counts_exactly_and_as_predicted(
     """``remat.compile`` weighs per-site counts as the eager backend does. Below the step's floor as
     captured, the head splits into more chunks than the MLP (here the MLP stays whole, predicted
     faster and lower; taken through a stand-in that always prefers per-site counts, as which is faster
-    depends on measured times). The step gives eager's loss and gradients and measures the peak it
-    predicts; only the split step chosen is weighed against offloading (once per split weighed took
-    two minutes here)."""
+    depends on measured times). The step gives eager's loss and gradients and measures at most the
+    peak it predicts (within 15%, see below); only the split step chosen is weighed against offloading
+    (once per split weighed took two minutes here)."""
     import remat.inductor.partition as partition
     from remat.capture.split_choice import site_chunks
     from remat.inductor import measured_step_peak
@@ -432,7 +432,8 @@ def test_inductor_runs_sites_in_different_chunk_counts_exactly_and_as_predicted(
     split = plan.info["split"]
     assert weighed and split["site_chunks"] == list(weighed[-1]) and split["site_chunks"][1] < split["chunks"]
     assert plan.info["compiler"] == "inductor" and plan.peak_bytes <= plan.info["budget_bytes"]
-    assert len(offload_checks) == 1 and offload_checks[0] is plan  # the chosen split step's plan only
+    # the chosen split step's plan only (kept, or replaced by an offloading plan much cheaper)
+    assert len(offload_checks) == 1 and (offload_checks[0] is plan or plan.offloaded_values)
     eager_loss, eager = _grads(eager_model, *args)
     loss, grads = _grads(compiled, *args)
     torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=0)
