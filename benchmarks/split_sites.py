@@ -51,36 +51,40 @@ def one_count(chosen, sites, plan_for, smallest=False):
     return chosen
 
 
-def rows_for(label, model, args, fractions, rounds):
+def rows_for(label, model, args, fractions, rounds, *, chooser=None, make=None, peak_of=None, step_digits=0):
+    """Table rows: at each budget, ``model`` planned with per-site counts turned off and on (``chooser``:
+    the module whose ``graded_chunks`` the lowering calls, the eager backend by default; ``make(model,
+    fraction)``: the wrapped module, ``remat.optimize`` by default; ``peak_of(wrapped)``: its measured
+    peak), then the measured step of the two against each other where they differ."""
     import remat
     import remat.backend as backend
 
+    chooser = chooser or backend
+    make = make or (lambda m, fraction: remat.optimize(m, *args, budget=fraction, cache=False))
+    peak_of = peak_of or (lambda w: measured_peak(w, lambda: w(*args).backward()))
     rows = []
-    graded = backend.graded_chunks
+    graded = chooser.graded_chunks
     for fraction in fractions:
         built = {}
         for variant, choice in (("one count", one_count), ("per site", graded)):
-            backend.graded_chunks = choice
+            chooser.graded_chunks = choice
             t0 = time.perf_counter()
             try:
-                built[variant] = (remat.optimize(copy.deepcopy(model), *args, budget=fraction, cache=False),
-                                  time.perf_counter() - t0)
+                built[variant] = (make(copy.deepcopy(model), fraction), time.perf_counter() - t0)
             except remat.InfeasibleBudgetError as err:
                 log(f"{label} at {fraction}: {variant}: infeasible ({err.min_budget_bytes} bytes)")
             finally:
-                backend.graded_chunks = graded
+                chooser.graded_chunks = graded
         if len(built) < 2:
             rows.append(f"| {label} | {fraction} | infeasible | | |")
             continue
-        cells, steps = [], {}
+        cells = []
         for variant, (wrapped, seconds) in built.items():
             split = wrapped.plan.info.get("split", {})
             counts = split.get("site_chunks") or [split.get("chunks", 1)] * len(split.get("sites", [None]))
-            peak = measured_peak(wrapped, lambda w=wrapped: w(*args).backward())
-            cells.append(f"{counts}, {mib(wrapped.plan.peak_bytes)} / {mib(peak)} MiB, "
-                         f"{wrapped.plan.simulation.step_seconds * 1e3:.0f} ms, {seconds:.0f} s")
-            steps[variant] = wrapped
-        one, per = steps["one count"], steps["per site"]
+            cells.append(f"{counts}, {mib(wrapped.plan.peak_bytes)} / {mib(peak_of(wrapped))} MiB, "
+                         f"{wrapped.plan.simulation.step_seconds * 1e3:.{step_digits}f} ms, {seconds:.0f} s")
+        one, per = built["one count"][0], built["per site"][0]
         if one.plan.info.get("split") == per.plan.info.get("split"):
             ratio = "same plan"
         else:

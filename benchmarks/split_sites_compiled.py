@@ -18,11 +18,10 @@ alternating rounds).
 from __future__ import annotations
 
 import argparse
-import copy
 import time
 
-from common import log, md_header, mib, process_setup, time_against, write_report
-from split_sites import one_count
+import split_sites
+from common import md_header, process_setup, write_report
 
 
 def mlp_and_head(d: int, vocab: int, batch: int, seq: int):
@@ -45,44 +44,15 @@ def mlp_and_head(d: int, vocab: int, batch: int, seq: int):
 
 
 def rows_for(label, model, args, fractions, rounds):
+    """``split_sites.rows_for`` under ``remat.compile``: the partitioner's per-site choice turned off and on."""
     import remat
     import remat.inductor.partition as partition
     from remat.inductor import measured_step_peak
 
-    rows = []
-    graded = partition.graded_chunks
-    for fraction in fractions:
-        built = {}
-        for variant, choice in (("one count", one_count), ("per site", graded)):
-            partition.graded_chunks = choice
-            t0 = time.perf_counter()
-            try:
-                compiled = remat.compile(copy.deepcopy(model), *args, budget=fraction, cache=False, calibrate=False)
-                built[variant] = (compiled, time.perf_counter() - t0)
-            except remat.InfeasibleBudgetError as err:
-                log(f"{label} at {fraction}: {variant}: infeasible ({err.min_budget_bytes} bytes)")
-            finally:
-                partition.graded_chunks = graded
-        if len(built) < 2:
-            rows.append(f"| {label} | {fraction} | infeasible | | |")
-            continue
-        cells = []
-        for variant, (compiled, seconds) in built.items():
-            split = compiled.plan.info.get("split", {})
-            counts = split.get("site_chunks") or [split.get("chunks", 1)] * len(split.get("sites", [None]))
-            peak = measured_step_peak(compiled, args, {})
-            cells.append(f"{counts}, {mib(compiled.plan.peak_bytes)} / {mib(peak)} MiB, "
-                         f"{compiled.plan.simulation.step_seconds * 1e3:.1f} ms, {seconds:.0f} s")
-        one, per = built["one count"][0], built["per site"][0]
-        if one.plan.info.get("split") == per.plan.info.get("split"):
-            ratio = "same plan"
-        else:
-            _, _, ratios = time_against((one, lambda: one(*args).backward()),
-                                        {"per": (per, lambda: per(*args).backward())}, rounds=rounds)
-            ratio = f"**{ratios['per']:.3f}**"
-        rows.append(f"| {label} | {fraction} | {cells[0]} | {cells[1]} | {ratio} |")
-        log(rows[-1])
-    return rows
+    return split_sites.rows_for(
+        label, model, args, fractions, rounds, chooser=partition, step_digits=1,
+        make=lambda m, fraction: remat.compile(m, *args, budget=fraction, cache=False, calibrate=False),
+        peak_of=lambda compiled: measured_step_peak(compiled, args, {}))
 
 
 def main():
