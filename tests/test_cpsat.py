@@ -188,6 +188,29 @@ def test_a_time_budget_bounds_every_solve_inside_it_together():
         assert all(p is not None and p.peak_bytes <= b for p, b in zip(front[name], front.budgets))
 
 
+def test_a_time_limit_bounds_the_whole_of_auto():
+    """``make_plan(..., time_limit=T)`` bounds the whole call: ``auto`` on the U-Net's graph with
+    transfer costs runs the hierarchical planner (CP-SAT on its coarse graph, which has no blocks),
+    ``keep_set`` and the hybrid's greedy, each given T (together 7.7 s for a 4 s limit before)."""
+    import time
+
+    from remat.graph import Graph
+    from remat.solvers.planner import make_plan
+
+    ex = zoo.build("unet", size="small")
+    g = remat.plan(ex.model, *ex.args, solver="store_all").graph
+    graph = Graph(g.nodes, g.values, g.forward_outputs, g.backward_outputs, g.name,
+                  {**g.meta, "transfer": {"d2h_bytes_per_s": 1.8e9, "h2d_bytes_per_s": 1.6e9, "latency_s": 2.5e-4,
+                                          "overlap": False}})
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SolverTimeLimitWarning)
+        plan = make_plan(graph, 0.5, "auto", time_limit=4.0)
+    took = time.perf_counter() - start
+    assert took < 4.0 + 3.0, f"{took:.1f} s for a 4 s limit"  # slack: warm starts, model building
+    assert plan.peak_bytes <= plan.budget_bytes and "hybrid" in plan.info["chosen by"]
+
+
 def test_when_the_coarse_model_misses_the_budget_and_time_runs_out_a_plan_still_comes_back():
     """GPT-2's coarse graph at this budget: two recomputations per op are proven too few, and with
     more CP-SAT finds nothing in a second; the baselines' smallest plan comes back, and expanded to

@@ -591,3 +591,44 @@ def test_a_descent_over_the_budget_gives_up_once_its_step_floor_cannot_beat_the_
     assert fit is None and rounds == 0
     fit, _, rounds = search.descend(first, float("inf"), recompute=False)
     assert fit is not None and rounds > 0 and fit.step > store.step_seconds
+
+
+@pytest.mark.parametrize("model", ["gpt2", "vit"])
+def test_cannot_fit_judged_into_the_backward_never_refuses_a_plan_that_fits(monkeypatch, model):
+    """``cannot_fit`` carries the difference in held bytes from the forward's end into the backward,
+    up to the first computation a keep or a drop removes. Checked against the simulator on captured
+    graphs (GPT-2, ViT: in-place writes into dying inputs, dropout replays) with synchronous copies: the
+    greedy from checkpoint_all's schedule, within a budget halfway to store_all's peak; every switch
+    refused is simulated and misses the budget, and some were refused for a peak past the forward's
+    end (the part this adds)."""
+    from remat.solvers import hybrid
+
+    ex = zoo.build(model, size="tiny")
+    g = remat.plan(ex.model, *ex.args, solver="store_all", **ex.kwargs).graph
+    g = Graph(g.nodes, g.values, g.forward_outputs, g.backward_outputs, g.name,
+              {**g.meta, "transfer": {"d2h_bytes_per_s": 1.8e9, "h2d_bytes_per_s": 1.6e9, "latency_s": 2.5e-4,
+                                      "overlap": False}})
+    judged = []
+    original = hybrid.GreedySearch.cannot_fit
+
+    def cannot_fit(self, ev, state):
+        verdict = original(self, ev, state)
+        judged.append((self, state, verdict))
+        return verdict
+
+    monkeypatch.setattr(hybrid.GreedySearch, "cannot_fit", cannot_fit)
+    start = solve("checkpoint_all", g, None)
+    budget = (start.peak_bytes + solve("store_all", g, None).peak_bytes) // 2
+    fwd, bwd = start.schedule()
+    search = hybrid.GreedySearch(g, budget)
+    search.refine(hybrid.State(tuple(fwd), tuple(bwd), ()), float("inf"))
+    refused = [state for _, state, verdict in judged if verdict]
+    assert refused, len(judged)
+    past_the_forward = 0
+    for state in refused:
+        ev = search.build(state)
+        assert ev is None or ev.peak > budget
+        if ev is not None:
+            timeline, boundary = ev.plan.simulation.timeline, ev.plan.boundary
+            past_the_forward += max(timeline[:boundary]) <= budget < ev.peak
+    assert past_the_forward, len(refused)

@@ -66,7 +66,7 @@ from ..errors import InfeasibleBudgetError, InvalidPlanError, SolverError, forma
 from ..graph import Graph, forget_memos
 from ..plan import Plan
 from ..simulate import dependency_lower_bound, has_transfer_costs, peak_lower_bound
-from .registry import SOLVERS, solve
+from .registry import SOLVERS, solve, time_budget
 
 AUTO_TIME_LIMIT = 30.0
 AUTO_KEEP_SET_SECONDS = 10.0  # auto's time for keep_set (milliseconds per save budget on most graphs)
@@ -297,8 +297,13 @@ def _for_budget(plan: Plan, budget_bytes, **info) -> Plan:
 
 # ------------------------------------------------------------------------- the planner
 def make_plan(graph: Graph, budget=None, solver: str = "auto", *, time_limit: float | None = None, **options) -> Plan:
-    """The plan ``solver`` makes for ``graph`` under ``budget`` (see :mod:`remat.budget`)."""
-    with _collector_paused():
+    """The plan ``solver`` makes for ``graph`` under ``budget`` (see :mod:`remat.budget`).
+
+    ``time_limit`` (seconds) bounds the whole call, every solve it runs together (``auto`` runs
+    several: the recomputation solvers, the hybrid, the searches for the minimum): each gets at most
+    what is left (:func:`~remat.solvers.time_budget`), and one stopped there returns its best plan.
+    ``None``: each solve its own default (``AUTO_TIME_LIMIT`` for each of ``auto``'s)."""
+    with _collector_paused(), time_budget(time_limit):
         return _make_plan(graph, budget, solver, time_limit, options)
 
 
