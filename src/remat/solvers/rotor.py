@@ -65,6 +65,7 @@ import numpy as np
 from ..errors import SolverError
 from ..graph import FORWARD, Graph
 from ..plan import Plan
+from ..simulate import peak_lower_bound
 from .registry import register
 from .chain import DEALS, Block, Chain, decompose
 from .schedule import prune_unread
@@ -503,10 +504,16 @@ class ChainDP:
         return best
 
     def smallest_plan(self, solver: str) -> Plan:
-        """The plan of smallest peak the DP knows (the memory-minimal table, read at its first finite entry)."""
+        """The plan of smallest peak the DP knows (the memory-minimal table, read at its first finite entry).
+
+        The first table tried is the finest whose budgets reach both a quarter of the largest stage's
+        needs added up and the bound no plan's peak goes below (:func:`~remat.simulate.peak_lower_bound`,
+        less the bytes outside the chain): a table that ends below that bound has no finite entry, and
+        each one filled in vain costs as much as the one that answers (two of three on ``cnn_bn``)."""
         total = max(self.held) + max(self.a_in) + max(self.pn) + max(
             (o.forward_peak for menu in self.menus for o in menu), default=0) + 1
-        slot = self.slot_for(max(total // 4, 1))
+        floor = peak_lower_bound(self.chain.graph) - self.constant
+        slot = self.slot_for(max(total // 4, floor, 1))
         m = self.smallest_slots(slot)
         while m is None:  # the table is too small: coarser slots
             slot *= 2
