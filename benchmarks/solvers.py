@@ -153,7 +153,8 @@ def deep_rows(layers: int = 64) -> list[str]:
     """Planning a deep model of identical layers: the zoo's Llama-style model with ``layers`` layers
     (batch 2 x 64 tokens, ``flops`` costs): capture, ``auto`` at 50%, then ``hierarchical`` at eight more
     budgets (its block menus and DP tables reused), ``keep_set`` alone at 50%, and ``auto`` at 50% again with
-    the offload tier's costs (as a capture with a budget records them: ``hybrid`` runs too)."""
+    the offload tier's costs (as a capture with a budget records them: ``hybrid`` runs too), with its default
+    time limits and under ``time_limit=10``."""
     import remat
     from remat.api import capture_and_plan
     from remat.graph import forget_memos
@@ -187,13 +188,16 @@ def deep_rows(layers: int = 64) -> list[str]:
     offloadable = dataclasses.replace(graph, meta={**graph.meta, "transfer": dict(make_transfer_meta("cpu"))})
     forget_memos()
     hybrid, took_hybrid, _ = timed(lambda: make_plan(offloadable, 0.5, "auto"))
+    forget_memos()
+    bounded, took_bounded, _ = timed(lambda: make_plan(offloadable, 0.5, "auto", time_limit=10))
     return [f"The zoo's Llama-style model with {layers} identical layers ({len(graph.nodes)} ops; batch 2 x 64 "
             f"tokens, `flops` costs): capture {took_capture:.1f} s; `auto` at 50% **{took_auto:.1f} s** "
             f"({auto.info.get('chosen by')}, {auto.overhead:+.2%}); `hierarchical` at 60% {took_first:.1f} s "
             f"(block menus and DP tables), then at {len(more)} more budgets {took_more:.1f} s; `keep_set` alone at "
             f"50% {took_keep:.1f} s. With the offload tier's costs (the CPU's file store), as a capture with a "
             f"budget records them, `auto` at 50% also runs `hybrid`: {took_hybrid:.1f} s "
-            f"({hybrid.info.get('chosen by')}, step {hybrid.step_overhead:+.2%})."]
+            f"({hybrid.info.get('chosen by')}, step {hybrid.step_overhead:+.2%}); the same under `time_limit=10`, "
+            f"which bounds the whole call: **{took_bounded:.1f} s** (step {bounded.step_overhead:+.2%})."]
 
 
 INFEASIBLE_CASES = ((("cnn_bn", "small"), 0.578), (("vgg11", "small"), 0.75), (("mlp", "small"), 0.30))
