@@ -37,4 +37,26 @@ def removed_computations(graph: Graph, old: tuple[int, ...], new: tuple[int, ...
     return first, sum(values[v].bytes for v in read_removed - read_later if values[v].kind != INPUT)
 
 
-__all__ = ["removed_computations"]
+def same_until(graph: Graph, old_state, new_state, changed: set[int], backward_computes: list[int],
+               boundary: int, n_instructions: int) -> tuple[int, int] | None:
+    """(end, freed_sooner): the instructions of the plan of ``old_state`` from the forward's end up to
+    index ``end`` (not included) are those of ``new_state``'s but for frees of ``freed_sooner`` bytes
+    at most (:func:`removed_computations`), and for the held values ``changed``, whose bytes stay
+    the same difference all along. Also cut before the first reload only one of the two makes (both
+    reload the same values in the forward). ``backward_computes``: the instruction index of each
+    backward computation of ``old_state``'s plan. None: ``new_state``'s backward is not ``old_state``'s
+    with computations removed."""
+    removed = removed_computations(graph, old_state.backward, new_state.backward, changed)
+    if removed is None:
+        return None
+    first, freed_sooner = removed
+    nf = len(old_state.forward)
+    differing = ({r for r in old_state.reloads if r[1] <= nf + first}
+                 ^ {r for r in new_state.reloads if r[1] <= nf + first})
+    if differing:  # a reload lands before the computation at its position: cut after the one before
+        before = min(r for _, r in differing) - nf - 1
+        return (backward_computes[before] + 1 if before >= 0 else boundary), freed_sooner
+    return (backward_computes[first] if first < len(old_state.backward) else n_instructions), freed_sooner
+
+
+__all__ = ["removed_computations", "same_until"]

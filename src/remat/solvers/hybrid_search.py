@@ -19,7 +19,7 @@ from ..errors import InvalidPlanError, SolverError
 from ..graph import ACTIVATION, FORWARD, Graph
 from ..plan import COMPUTE, Plan, insert_swaps, schedule_instructions
 from ..simulate import transfer_costs
-from .hybrid_prune import removed_computations
+from .hybrid_prune import same_until
 
 CANDIDATES = 32  # switches simulated per round
 PER_KIND = 4  # of which at most this many alike ones (the same switch in identical layers)
@@ -188,9 +188,7 @@ class GreedySearch:
         difference holds on into the backward, up to the first removed computation (or the first
         that makes a value whose holding changed): the instructions before it are ``ev``'s, but for
         frees that come earlier because a removed computation was a value's last reader: their bytes
-        are subtracted (the bound stays below ``state``'s peak).
-        On a 64-layer Llama-style model the keeps overshoot where the backward starts (the head's
-        and the loss's backward), past the forward's end: 16 of its 64 simulations were such.
+        are subtracted (the bound stays below ``state``'s peak; :func:`~.hybrid_prune.same_until`).
 
         Only where both states swap the same values and reload the same ones in the forward: a
         swapped value's offload may still be copying when the forward ends (beside compute), one
@@ -215,12 +213,9 @@ class GreedySearch:
         timeline = ev.plan.simulation.timeline
         if timeline[boundary - 1] + change > self.budget:
             return True
-        removed = removed_computations(self.graph, ev.state.backward, state.backward, old_held ^ new_held)
-        if removed is None:
-            return False
-        first, freed_sooner = removed
-        end = ev.backward_computes[first] if first < len(ev.state.backward) else len(timeline)
-        return max(timeline[boundary - 1:end]) + change - freed_sooner > self.budget
+        same = same_until(self.graph, ev.state, state, old_held ^ new_held, ev.backward_computes, boundary,
+                          len(timeline))
+        return same is not None and max(timeline[boundary - 1:same[0]]) + change - same[1] > self.budget
 
     def reload_position(self, seq, lo: int, first_use: int, nbytes: int) -> int:
         """The latest position whose compute up to ``first_use`` covers the reload copy (≥ lo);
