@@ -4,6 +4,15 @@ from __future__ import annotations
 
 from remat.graph import Graph, GraphBuilder
 
+# remat's CPU file store as measured here: every copy stalls compute
+SYNCHRONOUS_COPIES = {"d2h_bytes_per_s": 1.8e9, "h2d_bytes_per_s": 1.6e9, "latency_s": 2.5e-4, "overlap": False}
+
+
+def with_synchronous_copies(graph: Graph) -> Graph:
+    """``graph`` with the transfer costs of ``SYNCHRONOUS_COPIES``."""
+    return Graph(graph.nodes, graph.values, graph.forward_outputs, graph.backward_outputs, graph.name,
+                 {**graph.meta, "transfer": dict(SYNCHRONOUS_COPIES)})
+
 
 def transfer_chain(n: int, act: int = 100, cost: float = 1.0, bandwidth: float = 1000.0, overlap: bool = True,
                    pinned_forward: bool = False) -> Graph:

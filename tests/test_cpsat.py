@@ -194,14 +194,12 @@ def test_a_time_limit_bounds_the_whole_of_auto():
     ``keep_set`` and the hybrid's greedy, each given T (together 7.7 s for a 4 s limit before)."""
     import time
 
-    from remat.graph import Graph
     from remat.solvers.planner import make_plan
 
+    from .swap_graphs import with_synchronous_copies
+
     ex = zoo.build("unet", size="small")
-    g = remat.plan(ex.model, *ex.args, solver="store_all").graph
-    graph = Graph(g.nodes, g.values, g.forward_outputs, g.backward_outputs, g.name,
-                  {**g.meta, "transfer": {"d2h_bytes_per_s": 1.8e9, "h2d_bytes_per_s": 1.6e9, "latency_s": 2.5e-4,
-                                          "overlap": False}})
+    graph = with_synchronous_copies(remat.plan(ex.model, *ex.args, solver="store_all").graph)
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SolverTimeLimitWarning)

@@ -15,7 +15,7 @@ from remat.plan import OFFLOAD, RELOAD
 from remat.solvers.planner import clear_caches, make_plan, recomputation_plan, smallest_plan
 from remat.solvers import solve
 
-from .swap_graphs import transfer_chain
+from .swap_graphs import transfer_chain, with_synchronous_copies
 
 
 @pytest.fixture(autouse=True)
@@ -372,11 +372,8 @@ def test_over_the_budget_alike_swaps_are_taken_together_as_far_as_the_budget_nee
     assert 5 <= len(fit.state.reloads) < 11  # the shortest prefix that fits, not every layer's
 
 
-def test_a_switch_judged_unable_to_fit_never_fits(monkeypatch):
-    """``cannot_fit`` skips a switch within the budget without simulating it: checked against the
-    simulator on every switch the searches from checkpoint_all's schedule of the layered graph
-    consider, with room for two kept values (copies synchronous and beside compute), so that the
-    skip only ever drops switches whose plan misses the budget."""
+def _record_cannot_fit(monkeypatch) -> list:
+    """The (search, state, verdict) of every ``cannot_fit`` call from now on, in a list."""
     from remat.solvers import hybrid
 
     judged = []
@@ -388,6 +385,17 @@ def test_a_switch_judged_unable_to_fit_never_fits(monkeypatch):
         return verdict
 
     monkeypatch.setattr(hybrid.GreedySearch, "cannot_fit", cannot_fit)
+    return judged
+
+
+def test_a_switch_judged_unable_to_fit_never_fits(monkeypatch):
+    """``cannot_fit`` skips a switch within the budget without simulating it: checked against the
+    simulator on every switch the searches from checkpoint_all's schedule of the layered graph
+    consider, with room for two kept values (copies synchronous and beside compute), so that the
+    skip only ever drops switches whose plan misses the budget."""
+    from remat.solvers import hybrid
+
+    judged = _record_cannot_fit(monkeypatch)
     for overlap in (False, True):
         g = layered(12, overlap=overlap)
         start = solve("checkpoint_all", g, None)
@@ -407,9 +415,7 @@ def test_where_nothing_fits_the_smallest_plan_is_made_faster_within_its_own_peak
     ResNet with synchronous copies, as remat's CPU file store makes them)."""
     from remat.solvers import hybrid
 
-    g = Graph(resnet_graph.nodes, resnet_graph.values, resnet_graph.forward_outputs, resnet_graph.backward_outputs,
-              resnet_graph.name, {**resnet_graph.meta, "transfer": {"d2h_bytes_per_s": 1.8e9, "h2d_bytes_per_s": 1.6e9,
-                                                                   "latency_s": 2.5e-4, "overlap": False}})
+    g = with_synchronous_copies(resnet_graph)
     original = hybrid._fastest_at_peak
     seen = []
 
@@ -604,19 +610,8 @@ def test_cannot_fit_judged_into_the_backward_never_refuses_a_plan_that_fits(monk
     from remat.solvers import hybrid
 
     ex = zoo.build(model, size="tiny")
-    g = remat.plan(ex.model, *ex.args, solver="store_all", **ex.kwargs).graph
-    g = Graph(g.nodes, g.values, g.forward_outputs, g.backward_outputs, g.name,
-              {**g.meta, "transfer": {"d2h_bytes_per_s": 1.8e9, "h2d_bytes_per_s": 1.6e9, "latency_s": 2.5e-4,
-                                      "overlap": False}})
-    judged = []
-    original = hybrid.GreedySearch.cannot_fit
-
-    def cannot_fit(self, ev, state):
-        verdict = original(self, ev, state)
-        judged.append((self, state, verdict))
-        return verdict
-
-    monkeypatch.setattr(hybrid.GreedySearch, "cannot_fit", cannot_fit)
+    g = with_synchronous_copies(remat.plan(ex.model, *ex.args, solver="store_all", **ex.kwargs).graph)
+    judged = _record_cannot_fit(monkeypatch)
     start = solve("checkpoint_all", g, None)
     budget = (start.peak_bytes + solve("store_all", g, None).peak_bytes) // 2
     fwd, bwd = start.schedule()

@@ -27,6 +27,7 @@ from remat.solvers import checkmate as checkmate_module
 from remat.solvers.planner import QUICK_MINIMUM_SOLVERS, make_plan, smallest_plan
 
 from .exhaustive import cheapest_plan
+from .swap_graphs import with_synchronous_copies
 from .test_checkmate import random_training_graph
 
 
@@ -120,8 +121,7 @@ def test_a_named_recomputation_solver_shares_its_work_with_the_graph_without_off
     assert all(name in SOLVERS and name not in SWAPPING_SOLVERS for name in RECOMPUTATION_SOLVERS)
     clear_caches()
     g = _graph("mlp")
-    transfer = {"d2h_bytes_per_s": 1.8e9, "h2d_bytes_per_s": 1.6e9, "latency_s": 2.5e-4, "overlap": False}
-    with_costs = dataclasses.replace(g, meta={**g.meta, "transfer": transfer})
+    with_costs = with_synchronous_copies(g)
     calls = _count_milps(monkeypatch)
     minima = []
     for graph in (with_costs, g):
