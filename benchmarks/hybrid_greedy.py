@@ -59,10 +59,24 @@ def child(graph_path: str, setting: str, fraction: float) -> None:
     """One case in this process: print its result as JSON."""
     import warnings
 
+    import remat.plan
     from remat.solvers import solve
     from remat.solvers.planner import resolve
 
     warnings.simplefilter("ignore")
+    simulations = [0]
+    original = remat.plan.simulate
+
+    def counting(*a, **k):  # every simulation of the call: the recomputation starts' and the greedy's
+        simulations[0] += 1
+        return original(*a, **k)
+
+    remat.plan.simulate = counting
+    try:
+        from remat.solvers import hybrid_swaps  # the swap-free plans it predicts from (absent before)
+        hybrid_swaps.simulate = counting
+    except ImportError:
+        pass
     with open(graph_path, "rb") as f:
         graph = pickle.load(f)
     graph.meta["transfer"] = dict(SETTINGS[setting])
@@ -70,7 +84,8 @@ def child(graph_path: str, setting: str, fraction: float) -> None:
     started = time.perf_counter()
     plan = solve("hybrid", graph, budget, time_limit=30)
     print(json.dumps({"seconds": time.perf_counter() - started, "step": plan.step_seconds,
-                      "fits": plan.peak_bytes <= budget, "peak": plan.peak_bytes / budget, "start": plan.info.get("start", "").split(" ")[0]}))
+                      "fits": plan.peak_bytes <= budget, "peak": plan.peak_bytes / budget, "start": plan.info.get("start", "").split(" ")[0],
+                      "simulations": simulations[0]}))
 
 
 def run_case(src: Path, graph_path: Path, setting: str, fraction: float) -> dict:
@@ -124,11 +139,12 @@ def main() -> None:
         "the other; `flops` costs; budgets as fractions (remat's meaning). Step: the plan's predicted step "
         "(compute + stalls, seconds); where it misses the budget, the greedy's smallest plan (its peak against the budget). Transfer "
         "settings: *beside compute* 20 GB/s each way, 10 us, overlapped; *synchronous* 1.8 / 1.6 GB/s, 0.25 ms, "
-        "every copy stalls compute.", "",
+        "every copy stalls compute. Simulations: every simulation the call runs (the recomputation planners' and "
+        "the greedy's, and the swap-free plans the greedy predicts swaps from).", "",
     ]
     if args.baseline_src:
         lines += ["| model | copies | budget | before: s | before: step | now: s | now: step | now / before: step | "
-                  "now / before: time | now: start |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "now / before: time | simulations: before, now | now: start |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     else:
         lines += ["| model | copies | budget | s | step | fits | start |", "|---|---|---|---|---|---|---|"]
     ratios, times, missed = [], [], []
@@ -146,7 +162,8 @@ def main() -> None:
             missed.append((ratio, new["peak"] / old["peak"]))
         times.append(t)
         lines.append(f"| {name} | {setting} | {fraction} | {old['seconds']:.1f} | {old['step']:.5f}{ofit} | "
-                     f"{new['seconds']:.1f} | {new['step']:.5f}{fit} | {ratio:.3f} | {t:.2f} | {new['start']} |")
+                     f"{new['seconds']:.1f} | {new['step']:.5f}{fit} | {ratio:.3f} | {t:.2f} | "
+                     f"{old.get('simulations', '?')}, {new.get('simulations', '?')} | {new['start']} |")
     if ratios:
         geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
         tgeo = math.exp(sum(map(math.log, times)) / len(times))

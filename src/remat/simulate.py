@@ -87,6 +87,7 @@ class Simulation:
     offloaded: int = 0  # number of offload instructions
     saved_offloaded: tuple[int, ...] = ()  # activations offloaded at the boundary (the backward reloads them)
     reused: tuple[tuple[int, int, int], ...] = ()  # (instruction, input, output): the output took the input's storage
+    highs: tuple[int, ...] = ()  # with record_highs: the most bytes counted during each instruction
 
     def __post_init__(self):
         if self.step_seconds < 0:
@@ -337,8 +338,11 @@ def _deferred_gradients(graph: Graph, before: list[int], after: list[int], backw
     return extra
 
 
-def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -> Simulation:
+def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int, *,
+             record_highs: bool = False) -> Simulation:
     """Walk the plan once; return its peak and time, or raise :class:`InvalidPlanError`.
+    ``record_highs``: also return, per instruction, the most bytes counted while it runs
+    (``Simulation.highs``; their maximum is the peak).
 
     Two memory tiers and one transfer channel (only plans with offload/reload use them):
 
@@ -487,6 +491,8 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
     kind_of = [value.kind for value in values]  # (the loop below runs once per instruction: locals)
     bytes_of = [value.bytes for value in values]
     append_timeline = timeline.append
+    highs: list[int] = []
+    append_high = highs.append if record_highs else None
     held_inputs, output_bytes = graph.held_inputs, graph.output_bytes
     resident_issuperset, resident_isdisjoint = resident.issuperset, resident.isdisjoint
     in_backward = False
@@ -639,6 +645,8 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
         if in_backward and counted > backward_peak:
             backward_peak = counted
         append_timeline(counted)
+        if append_high is not None:  # (a compute's working set is counted at ``here``)
+            append_high(max(here, counted) if kind == COMPUTE else counted)
     if boundary == len(instructions):
         forward_peak = peak
         enter_backward()
@@ -662,7 +670,7 @@ def simulate(graph: Graph, instructions: Iterable[Instruction], boundary: int) -
         int(peak), seconds, tuple(timeline), peak_index, saved, computes, int(forward_peak), int(backward_peak),
         offload_peak_bytes=int(tier_peak), stall_seconds=stall, transfer_seconds=transfer_busy,
         step_seconds=clock if transfer is not None else seconds, offloaded=offload_count,
-        saved_offloaded=saved_offloaded, reused=tuple(reused_at),
+        saved_offloaded=saved_offloaded, reused=tuple(reused_at), highs=tuple(highs),
     )
 
 

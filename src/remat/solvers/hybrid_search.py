@@ -20,6 +20,7 @@ from ..graph import ACTIVATION, FORWARD, Graph
 from ..plan import COMPUTE, Plan, insert_swaps, schedule_instructions
 from ..simulate import transfer_costs
 from .hybrid_prune import same_until
+from .hybrid_swaps import SwapKeys, choose_over_budget, judge
 
 CANDIDATES = 32  # switches simulated per round
 PER_KIND = 4  # of which at most this many alike ones (the same switch in identical layers)
@@ -115,6 +116,7 @@ class GreedySearch:
         self._built: dict[State, Evaluation | None] = {}
         self._alike_keys: dict[tuple[int, int], tuple] = {}  # (node, output index) -> alike key but the kind
         self.simulations = 0
+        self.swap_keys = None if self.overlap else SwapKeys(self)  # swaps judged without simulating
 
     # ---------------------------------------------------------------- schedules
     def schedule(self, fwd, bwd) -> tuple[tuple, int, list[int]]:
@@ -415,8 +417,9 @@ class GreedySearch:
         return State(state.forward, state.backward, tuple(sorted(reloads.items())))
 
     def prefetch(self, ev: Evaluation, v: int) -> Evaluation:
-        """Move ``v``'s reload as early as the budget allows, if that lowers the step time."""
-        if ev.plan.simulation.stall_seconds <= 0:
+        """Move ``v``'s reload as early as the budget allows, if that lowers the step time (never
+        with synchronous copies: all their time stalls, wherever they are)."""
+        if not self.overlap or ev.plan.simulation.stall_seconds <= 0:
             return ev
         info = self.instances(ev.state.forward, ev.state.backward)
         if v not in info:
@@ -473,14 +476,7 @@ class GreedySearch:
             if cur.fits:
                 choice = self._fastest_fitting(cur, self.candidates(cur, recompute), deadline)
             else:
-                choice = None
-                for _, kind, target in self.candidates(cur, recompute):
-                    if time.perf_counter() >= deadline:
-                        break
-                    state = self.apply(cur.state, kind, target, peak_pos)
-                    trial = None if state is None else self.build(state)
-                    if trial is not None and trial.key() < cur.key() and (choice is None or trial.key() < choice[0].key()):
-                        choice = (trial, kind, target)
+                choice = choose_over_budget(self, cur, self.candidates(cur, recompute), peak_pos, deadline)
             if choice is None:
                 break
             trial, kind, target = choice
@@ -520,11 +516,13 @@ class GreedySearch:
         for floor, _, kind, target, state in trials:
             if time.perf_counter() >= deadline or (choice is not None and floor > choice[0].step + _EPS):
                 break
-            trial = self.build(state)
+            trial = judge(self, state, kind)
             if (trial is not None and trial.fits and trial.step < cur.step - _EPS
                     and (choice is None or (trial.step, trial.peak) < (choice[0].step, choice[0].peak))):
                 choice = (trial, kind, target)
-        return choice
+        if choice is not None and self.swap_keys is not None and self.swap_keys.real(choice[0]) is None:
+            return self._fastest_fitting(cur, candidates, deadline)  # predicted wrong: simulated from now on
+        return choice if choice is None else (self.build(choice[0].state),) + choice[1:]
 
     def peak_position(self, ev: Evaluation) -> int:
         """The schedule position of the computation at (or last before) the plan's peak."""
@@ -568,9 +566,11 @@ class GreedySearch:
         if not rest or time.perf_counter() >= deadline:
             return taken
 
-        def trial(n: int) -> Evaluation | None:
-            state = self.apply_many(taken.state, kind, rest[:n], peak_pos)
-            return None if state is None else self.build(state)
+        def trial(n: int):  # an Evaluation, or its key predicted (hybrid_swaps)
+            return judge(self, self.apply_many(taken.state, kind, rest[:n], peak_pos), kind)
+
+        def real(ev):
+            return ev if self.swap_keys is None else (self.swap_keys.real(ev) or taken)
 
         whole = trial(len(rest))
         if whole is not None and whole.fits:  # the shortest prefix that fits
@@ -582,9 +582,9 @@ class GreedySearch:
                     hi, best = mid, ev
                 else:
                     lo = mid
-            return best
+            return real(best)
         if whole is not None and whole.key() < taken.key():
-            return whole
+            return real(whole)
         lo, hi, best = 0, len(rest), taken  # the longest prefix that lowers the key
         while hi - lo > 1 and time.perf_counter() < deadline:
             mid = (lo + hi) // 2
@@ -593,7 +593,7 @@ class GreedySearch:
                 lo, best = mid, ev
             else:
                 hi = mid
-        return best
+        return real(best)
 
     def take_alike(self, before: Evaluation, taken: Evaluation, kind: str, target: int, deadline: float) -> Evaluation:
         """``taken`` (``before`` with the switch (``kind``, ``target``)) with as many of that
