@@ -57,21 +57,22 @@ def capture(name: str, path: Path) -> None:
 
 def child(graph_path: str, setting: str, fraction: float) -> None:
     """One case in this process: print its result as JSON."""
+    import importlib
     import warnings
 
-    import remat.plan
     from remat.solvers import solve
     from remat.solvers.planner import resolve
 
     warnings.simplefilter("ignore")
     simulations = [0]
-    original = remat.plan.simulate
+    plan_module = importlib.import_module("remat.plan")  # (``remat.plan`` is also the API's function)
+    original = plan_module.simulate
 
     def counting(*a, **k):  # every simulation of the call: the recomputation starts' and the greedy's
         simulations[0] += 1
         return original(*a, **k)
 
-    remat.plan.simulate = counting
+    plan_module.simulate = counting
     try:
         from remat.solvers import hybrid_swaps  # the swap-free plans it predicts from (absent before)
         hybrid_swaps.simulate = counting
