@@ -155,6 +155,20 @@ def test_remat_compile_splits_for_inductor():
     assert compiled.plan.peak_bytes <= compiled.plan.info["budget_bytes"]
 
 
+def test_under_inductor_a_batch_norm_floor_is_refused_pointing_to_the_eager_lowering():
+    """Inductor decomposes BatchNorm before remat sees the step (its statistics a ``var_mean`` over the
+    batch), and no split rule takes those reductions: a budget below the unsplit floor is refused, and
+    the refusal says why and that ``remat.optimize`` splits batch norms; which it does, at the same
+    bytes."""
+    model, args = _conv_bn()
+    with pytest.raises(remat.InfeasibleBudgetError) as refused:
+        remat.compile(copy.deepcopy(model), *args, budget=0.4, cache=False, calibrate=False)
+    message = str(refused.value)
+    assert "decomposes the step's 3 batch norm(s)" in message and "remat.optimize" in message, message
+    eager = remat.optimize(copy.deepcopy(model), *args, budget=refused.value.budget_bytes, cache=False)
+    assert eager.plan.info["split"]["chunks"] >= 2 and eager.plan.peak_bytes <= refused.value.budget_bytes
+
+
 class TwoScales(nn.Module):
     """A BatchNorm stem at 32 x 32, pooled to 8 x 8, then a wider BatchNorm layer: two split sites whose
     largest values differ 4-fold."""

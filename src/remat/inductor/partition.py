@@ -124,6 +124,22 @@ OFFLOAD_MIN_GAIN = 0.10  # where recomputation reaches the budget, auto plans wi
 OFFLOAD_TRY_REUSE_ROUNDS = 1
 
 
+def _point_to_the_eager_batch_norm_split(err: InfeasibleBudgetError, gm: torch.fx.GraphModule) -> None:
+    """Where the step has batch norms, say in ``err`` why none split here and where they do.
+
+    Inductor decomposes a training batch norm before its partitioner sees the graph: its statistics
+    become a ``var_mean`` over the batch and the image, its backward two sums over them. Those
+    reductions across the rows are what no split rule takes (the two-pass split,
+    :mod:`remat.capture.split_barriers`, is of the undecomposed op, which remat's own lowering keeps)."""
+    count = sum(1 for n in gm.graph.nodes if n.target is torch.ops.aten.var_mean.correction
+                and 0 in (list(n.args[1]) if len(n.args) > 1 and n.args[1] is not None else []))
+    if count:
+        err.args = (f"{err.args[0]} Splitting cannot lower this floor under Inductor: it decomposes the step's "
+                    f"{count} batch norm(s) into reductions over the whole batch, which remat does not split. "
+                    "remat.optimize (remat's own lowering, without Inductor's kernels) splits batch norms in two "
+                    "passes, chunk by chunk, and may plan this budget.",)
+
+
 def plan_into_reused_bytes(plan, budget_bytes: int, make, rounds: int = SLACK_ROUNDS):
     """The cheapest of ``plan`` and plans made at raised budgets whose simulated peak fits ``budget_bytes``.
 
@@ -240,6 +256,8 @@ class RematPartitioner(CustomPartitionerFn):
             sites = find_sites(planned_gm, num_fwd_outputs, sizes) if split == "auto" and opts.solver == "auto" else []
             factors = chunk_counts(sizes, sites, SPLIT_FACTORS)
             if not sites or not factors:
+                if split == "auto" and not sites:
+                    _point_to_the_eager_batch_norm_split(refused, planned_gm)
                 raise
             unsplit_bytes = self.last_budget_bytes if is_fraction(opts.budget) else None  # resolved on the unsplit step
             # below the step's floor as captured: its largest ops split into 2, 4, ... chunks, the fewest that plan
