@@ -14,12 +14,12 @@ where ``off(v)`` and ``rel(v)`` are the first instructions after the gaps the co
 (:func:`remat.plan.insert_swaps`: a gap's offloads, in value order, then the boundary, then its
 reloads). The copies' own entries follow from the entry before their gap. The greedy's key over
 the budget (peak, the bytes over it summed over the timeline, step) is then a few array operations
-instead of a walk of the whole step in Python: on a 64-layer Llama-style model, 10 microseconds
-of numpy a switch against 50-90 ms of simulation.
+instead of a walk of the whole step in Python: on a 64-layer Llama-style model (15,000
+instructions, 20 swaps) 0.5 ms a switch against 46 ms of simulation.
 
 The greedy simulates the switch it takes (:func:`choose_over_budget`, :meth:`SwapKeys.real`) and
-checks that the simulator agrees; where it would not (``mismatches``), that round falls back to
-simulating every switch.
+checks that the simulator agrees; where it does not (``mismatches``), that round and the rest of
+the search simulate every switch.
 """
 
 from __future__ import annotations
