@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
+
 from remat.graph import Graph, GraphBuilder
+from remat.solvers.planner import clear_caches
+
+@pytest.fixture
+def fresh_planner_caches():
+    """The planner's caches emptied before and after a test (a module uses it as ``autouse``)."""
+    clear_caches()
+    yield
+    clear_caches()
+
 
 # remat's CPU file store as measured here: every copy stalls compute
 SYNCHRONOUS_COPIES = {"d2h_bytes_per_s": 1.8e9, "h2d_bytes_per_s": 1.6e9, "latency_s": 2.5e-4, "overlap": False}

@@ -15,14 +15,12 @@ from remat.plan import OFFLOAD, RELOAD
 from remat.solvers.planner import clear_caches, make_plan, recomputation_plan, smallest_plan
 from remat.solvers import solve
 
-from .swap_graphs import transfer_chain, with_synchronous_copies
+from .swap_graphs import fresh_planner_caches, transfer_chain, with_synchronous_copies
 
 
 @pytest.fixture(autouse=True)
-def _fresh_caches():
-    clear_caches()
+def _fresh_caches(fresh_planner_caches):
     yield
-    clear_caches()
 
 
 def chain(n=6, act=100, cost=1.0, bandwidth=1000.0, pinned_forward=False) -> Graph:

@@ -17,14 +17,12 @@ from remat.solvers import hybrid_search, hybrid_swaps, solve
 from remat.solvers.hybrid_search import GreedySearch, State
 from remat.solvers.planner import clear_caches
 
-from .swap_graphs import with_synchronous_copies
+from .swap_graphs import fresh_planner_caches, with_synchronous_copies
 
 
 @pytest.fixture(autouse=True)
-def _fresh_caches():
-    clear_caches()
+def _fresh_caches(fresh_planner_caches):
     yield
-    clear_caches()
 
 
 @pytest.fixture(scope="module", params=["gpt2", "vit"])

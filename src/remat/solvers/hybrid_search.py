@@ -520,9 +520,12 @@ class GreedySearch:
             if (trial is not None and trial.fits and trial.step < cur.step - _EPS
                     and (choice is None or (trial.step, trial.peak) < (choice[0].step, choice[0].peak))):
                 choice = (trial, kind, target)
-        if choice is not None and self.swap_keys is not None and self.swap_keys.real(choice[0]) is None:
-            return self._fastest_fitting(cur, candidates, deadline)  # predicted wrong: simulated from now on
-        return choice if choice is None else (self.build(choice[0].state),) + choice[1:]
+        if choice is not None and self.swap_keys is not None:
+            real = self.swap_keys.real(choice[0])
+            if real is None:  # predicted wrong: simulated from now on
+                return self._fastest_fitting(cur, candidates, deadline)
+            choice = (real,) + choice[1:]
+        return choice
 
     def peak_position(self, ev: Evaluation) -> int:
         """The schedule position of the computation at (or last before) the plan's peak."""

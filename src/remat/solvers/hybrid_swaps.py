@@ -129,12 +129,6 @@ class SwapKeys:
             return None
         return ev
 
-    def judge(self, state, kind: str):
-        """A switch's outcome: predicted for a swap-only switch, else simulated."""
-        if state is None:
-            return None
-        return self.predict(state) if kind in _SWAP_KINDS else self.search.build(state)
-
 
 def choose_over_budget(search, cur, candidates, peak_pos: int, deadline: float):
     """(evaluation, kind, target) of the switch of ``cur`` (over the budget) of least key below
@@ -158,10 +152,12 @@ def choose_over_budget(search, cur, candidates, peak_pos: int, deadline: float):
 
 
 def judge(search, state, kind: str):
-    """``state`` (``kind``'s switch) simulated, or its key predicted where ``search.swap_keys`` can."""
+    """``state`` (``kind``'s switch): its key predicted for a swap-only switch where
+    ``search.swap_keys`` predicts, else simulated."""
     if state is None:
         return None
-    return search.build(state) if search.swap_keys is None else search.swap_keys.judge(state, kind)
+    keys = search.swap_keys
+    return keys.predict(state) if keys is not None and kind in _SWAP_KINDS else search.build(state)
 
 
 __all__ = ["Predicted", "SwapKeys", "choose_over_budget", "judge", "SAME_STEP"]
