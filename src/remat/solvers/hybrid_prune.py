@@ -5,11 +5,19 @@ computations removed (a *keep* or a *drop* switch): the instructions of the two 
 the first removed computation, but for values the removed ones read last, which the shorter plan
 frees sooner. :meth:`remat.solvers.hybrid_search.GreedySearch.cannot_fit` uses it to carry the
 difference in held bytes from the forward's end into the backward.
+
+:func:`pruned_removal` finds which recomputations a *keep* or *drop* takes
+out with the computations it removes (those that fed only them), in time proportional to what it
+removes rather than to the backward's length.
 """
 
 from __future__ import annotations
 
-from ..graph import INPUT, Graph
+import heapq
+from bisect import bisect_left, bisect_right
+
+from ..graph import FORWARD, INPUT, Graph
+from .hybrid_instances import BackwardReads
 
 
 def removed_computations(graph: Graph, old: tuple[int, ...], new: tuple[int, ...],
@@ -59,4 +67,60 @@ def same_until(graph: Graph, old_state, new_state, changed: set[int], backward_c
     return (backward_computes[first] if first < len(old_state.backward) else n_instructions), freed_sooner
 
 
-__all__ = ["removed_computations", "same_until"]
+def pruned_removal(graph: Graph, n_forward: int, backward: tuple[int, ...], positions, index: BackwardReads,
+                   kept_outputs: set[int]) -> set[int]:
+    """The backward positions a switch removes: ``positions``, and each recomputation (a forward node
+    run in the backward) none of whose outputs is read any more before its next remaining
+    computation, nor held to the step's end (``kept_outputs``).
+
+    A worklist from the latest position down: removing position ``m`` can only orphan, for each value
+    ``m`` reads, its latest remaining maker before ``m``; so a candidate is judged once every
+    position after it is settled. Equal to a walk of the whole backward from its end (which also
+    drops recomputations no one read before; the greedy's states hold none) in what it removes."""
+    nodes, reads, makes = graph.nodes, index.reads, index.makes
+    removed = set(positions)
+    heap = [-p for p in removed]
+    heapq.heapify(heap)
+    judged: set[int] = set()
+
+    def latest_maker(v: int, before: int) -> int | None:
+        made = makes.get(v, ())
+        i = bisect_left(made, before) - 1
+        while i >= 0 and made[i] in removed:
+            i -= 1
+        return made[i] if i >= 0 else None
+
+    def needed(pos: int) -> bool:
+        for v in nodes[backward[pos - n_forward]].outputs:
+            if v in kept_outputs:
+                return True
+            made = makes.get(v, ())
+            i = bisect_right(made, pos)
+            while i < len(made) and made[i] in removed:
+                i += 1
+            end = made[i] if i < len(made) else None
+            read = reads.get(v, ())
+            for j in read[bisect_right(read, pos):]:
+                if end is not None and j >= end:
+                    break
+                if j not in removed:
+                    return True
+        return False
+
+    while heap:
+        pos = -heapq.heappop(heap)
+        if pos in judged:
+            continue
+        judged.add(pos)
+        if pos not in removed:
+            if nodes[backward[pos - n_forward]].phase != FORWARD or needed(pos):
+                continue
+            removed.add(pos)
+        for v in nodes[backward[pos - n_forward]].inputs:
+            maker = latest_maker(v, pos)
+            if maker is not None and maker not in judged and maker not in removed:
+                heapq.heappush(heap, -maker)
+    return removed
+
+
+__all__ = ["removed_computations", "same_until", "pruned_removal"]

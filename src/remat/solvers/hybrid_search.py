@@ -13,13 +13,15 @@ from __future__ import annotations
 import functools
 import re
 import time
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from ..errors import InvalidPlanError, SolverError
 from ..graph import ACTIVATION, FORWARD, Graph
 from ..plan import COMPUTE, Plan, insert_swaps, schedule_instructions
 from ..simulate import transfer_costs
-from .hybrid_prune import same_until
+from .hybrid_instances import BackwardReads, ForwardUses, Instances, instances, instances_after_removal
+from .hybrid_prune import pruned_removal, same_until
 from .hybrid_swaps import SwapKeys, choose_over_budget, judge
 
 CANDIDATES = 32  # switches simulated per round
@@ -113,6 +115,8 @@ class GreedySearch:
         self.forward_outputs = set(graph.forward_outputs) | set(graph.backward_outputs)
         self._schedules: dict[tuple, tuple] = {}
         self._instances: dict[tuple, dict] = {}
+        self._reads: dict[tuple, BackwardReads] = {}  # per backward: where values are read and made
+        self._forward_uses: dict[tuple, ForwardUses] = {}
         self._built: dict[State, Evaluation | None] = {}
         self._alike_keys: dict[tuple[int, int], tuple] = {}  # (node, output index) -> alike key but the kind
         self.simulations = 0
@@ -128,35 +132,19 @@ class GreedySearch:
 
         return _bounded(self._schedules, (fwd, bwd), make, 64)
 
-    def instances(self, fwd, bwd) -> dict[int, tuple[int, int]]:
+    def instances(self, fwd, bwd) -> Instances:
         """For each activation the forward saves for the backward: (position of its last forward
-        use, or of its computation; position of its first backward use). Cached per schedule."""
-        return _bounded(self._instances, (fwd, bwd), lambda: self._find_instances(fwd, bwd), 64)
+        use, or of its computation; position of its first backward use). Cached per schedule; a
+        switch's schedule gets them from its parent's (:mod:`.hybrid_instances`)."""
+        return _bounded(self._instances, (fwd, bwd), lambda: instances(
+            self.graph, self.forward_uses(fwd), len(fwd), bwd, self.forward_outputs), 64)
 
-    def _find_instances(self, fwd, bwd) -> dict[int, tuple[int, int]]:
-        seq = fwd + bwd
-        nf = len(fwd)
-        nodes, values = self.graph.nodes, self.graph.values
-        made: dict[int, int] = {}  # value -> position of its current instance
-        last_fwd: dict[int, int] = {}
-        first_bwd: dict[int, int] = {}
-        for pos, nid in enumerate(seq):
-            node = nodes[nid]
-            for v in node.inputs:
-                if v in made and made[v] < nf:  # an instance computed in the forward
-                    if pos < nf:
-                        last_fwd[v] = pos
-                    elif v not in first_bwd:
-                        first_bwd[v] = pos
-            for v in node.outputs:
-                if pos >= nf and v in made and made[v] < nf:
-                    del made[v]  # recomputed: later reads use the new instance
-                    continue
-                if pos < nf:
-                    made[v] = pos
-                    last_fwd[v] = pos
-        return {v: (last_fwd[v], q) for v, q in first_bwd.items()
-                if values[v].kind == ACTIVATION and v not in self.forward_outputs}
+    def forward_uses(self, fwd) -> ForwardUses:
+        return _bounded(self._forward_uses, fwd, lambda: ForwardUses(self.graph, fwd), 4)
+
+    def reads(self, fwd, bwd) -> BackwardReads:
+        return _bounded(self._reads, (fwd, bwd), lambda: BackwardReads(self.graph, self.forward_uses(fwd), len(fwd), bwd),
+                        8)
 
     def copy_seconds(self, v: int) -> float:
         """Time of one value's offload and reload at the measured bandwidths (a stall bound)."""
@@ -271,32 +259,25 @@ class GreedySearch:
     def drop(self, state: State, positions: list[int], swap: bool = True) -> State | None:
         """``state`` without the backward computations at ``positions`` and the recomputations that
         only fed them; the values they recomputed are swapped instead (``swap``) or kept in memory."""
-        nf = len(state.forward)
-        bwd = list(state.backward)
-        removed = set(positions)
-        nodes = self.graph.nodes
-        needed: set[int] = set()  # values read later, before their next computation
-        for k in range(len(bwd) - 1, -1, -1):
-            pos = nf + k
-            if pos in removed:
-                continue
-            node = nodes[bwd[k]]
-            if node.phase == FORWARD and not any(v in needed or v in self.forward_outputs for v in node.outputs):
-                removed.add(pos)
-                continue
-            needed.difference_update(node.outputs)
-            needed.update(node.inputs)
-        new_bwd = tuple(nid for k, nid in enumerate(bwd) if nf + k not in removed)
+        nf, fwd = len(state.forward), state.forward
+        reads = self.reads(fwd, state.backward)
+        removed = pruned_removal(self.graph, nf, state.backward, positions, reads, self.forward_outputs)
         cut = sorted(removed)
+        bounds = [nf - 1] + cut + [nf + len(state.backward)]
+        new_bwd = tuple(nid for a, b in zip(bounds, bounds[1:]) for nid in state.backward[a - nf + 1:b - nf])
+        old_info = self.instances(fwd, state.backward)
+        _bounded(self._instances, (fwd, new_bwd), lambda: instances_after_removal(
+            self.graph, self.forward_uses(fwd), nf, state.backward, old_info, reads, removed, self.forward_outputs,
+            new_bwd), 64)
 
         def shift(r: int) -> int:
-            return r - sum(1 for x in cut if x < r)
+            return r - bisect_left(cut, r)
 
         reloads = {v: shift(r) for v, r in state.reloads}
         if not swap:
             return State(state.forward, new_bwd, tuple(sorted(reloads.items())))
         info = self.instances(state.forward, new_bwd)
-        old_seq, seq = state.forward + state.backward, state.forward + new_bwd
+        old_seq, seq, nodes = state.forward + state.backward, state.forward + new_bwd, self.graph.nodes
         for pos in cut:
             for v in nodes[old_seq[pos]].outputs:
                 if v in info and v not in reloads:
@@ -509,13 +490,15 @@ class GreedySearch:
             if state is None:
                 continue
             floor = self.step_floor(state)
-            if floor < cur.step - _EPS / 2 and not self.cannot_fit(cur, state):
+            if floor < cur.step - _EPS / 2:
                 trials.append((floor, len(trials), kind, target, state))
         trials.sort()
         choice = None
         for floor, _, kind, target, state in trials:
             if time.perf_counter() >= deadline or (choice is not None and floor > choice[0].step + _EPS):
                 break
+            if self.cannot_fit(cur, state):  # (judged here: a switch the search stops before costs nothing)
+                continue
             trial = judge(self, state, kind)
             if (trial is not None and trial.fits and trial.step < cur.step - _EPS
                     and (choice is None or (trial.step, trial.peak) < (choice[0].step, choice[0].peak))):
