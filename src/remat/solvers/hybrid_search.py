@@ -266,6 +266,7 @@ class GreedySearch:
         bounds = [nf - 1] + cut + [nf + len(state.backward)]
         new_bwd = tuple(nid for a, b in zip(bounds, bounds[1:]) for nid in state.backward[a - nf + 1:b - nf])
         old_info = self.instances(fwd, state.backward)
+        # the new schedule's instances, carried over from this one's, for self.instances to find
         _bounded(self._instances, (fwd, new_bwd), lambda: instances_after_removal(
             self.graph, self.forward_uses(fwd), nf, state.backward, old_info, reads, removed, self.forward_outputs,
             new_bwd), 64)
