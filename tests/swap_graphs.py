@@ -7,9 +7,10 @@ import pytest
 from remat.graph import Graph, GraphBuilder
 from remat.solvers.planner import clear_caches
 
+
 @pytest.fixture
 def fresh_planner_caches():
-    """The planner's caches emptied before and after a test (a module uses it as ``autouse``)."""
+    """The planner's caches emptied before and after a test (a module asks for it in ``pytestmark``)."""
     clear_caches()
     yield
     clear_caches()

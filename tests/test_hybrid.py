@@ -18,9 +18,7 @@ from remat.solvers import solve
 from .swap_graphs import fresh_planner_caches, transfer_chain, with_synchronous_copies
 
 
-@pytest.fixture(autouse=True)
-def _fresh_caches(fresh_planner_caches):
-    yield
+pytestmark = pytest.mark.usefixtures("fresh_planner_caches")
 
 
 def chain(n=6, act=100, cost=1.0, bandwidth=1000.0, pinned_forward=False) -> Graph:

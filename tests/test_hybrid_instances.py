@@ -15,12 +15,10 @@ from remat.solvers import solve
 from remat.solvers.hybrid_instances import BackwardReads, ForwardUses, instances, instances_after_removal
 from remat.solvers.hybrid_prune import pruned_removal
 
-from .swap_graphs import fresh_planner_caches  # noqa: F401 (a fixture)
+from .swap_graphs import fresh_planner_caches  # noqa: F401 (the fixture pytestmark names)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_caches(fresh_planner_caches):
-    yield
+pytestmark = pytest.mark.usefixtures("fresh_planner_caches")
 
 
 @pytest.fixture(scope="module", params=["gpt2", "vit"])

@@ -20,9 +20,7 @@ from remat.solvers.planner import clear_caches
 from .swap_graphs import fresh_planner_caches, with_synchronous_copies
 
 
-@pytest.fixture(autouse=True)
-def _fresh_caches(fresh_planner_caches):
-    yield
+pytestmark = pytest.mark.usefixtures("fresh_planner_caches")
 
 
 @pytest.fixture(scope="module", params=["gpt2", "vit"])

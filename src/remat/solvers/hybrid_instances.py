@@ -82,8 +82,9 @@ def _merged(graph: Graph, sequence_at, kept: list, found: Instances) -> Instance
         return dict(kept)
     firsts = [first for _, (_, first) in kept]
     out, i = [], 0
-    for v, (last, first) in sorted(found.items(), key=lambda item: _position_key(graph, sequence_at, item[0], item[1][1])):
-        key = _position_key(graph, sequence_at, v, first)
+    keyed = sorted((_position_key(graph, sequence_at, v, first), v, last) for v, (last, first) in found.items())
+    for key, v, last in keyed:
+        first = key[0]
         j = bisect_left(firsts, first, i)
         while j < len(kept) and firsts[j] == first and _position_key(graph, sequence_at, kept[j][0], first) < key:
             j += 1
@@ -94,7 +95,7 @@ def _merged(graph: Graph, sequence_at, kept: list, found: Instances) -> Instance
     return dict(out)
 
 
-def holds(graph: Graph, v: int, kept_to_the_end: set[int]) -> bool:
+def _saved(graph: Graph, v: int, kept_to_the_end: set[int]) -> bool:
     """Whether ``v`` is an activation the greedy may swap or recompute (not an output it keeps)."""
     return graph.values[v].kind == ACTIVATION and v not in kept_to_the_end
 
@@ -111,8 +112,8 @@ def instances(graph: Graph, forward: ForwardUses, n_forward: int, backward: tupl
             if v in current and v not in first:
                 first[v] = pos
         current.difference_update(node.outputs)
-    last, values = forward.last, graph.values
-    return {v: (last[v], q) for v, q in first.items() if values[v].kind == ACTIVATION and v not in kept_to_the_end}
+    last = forward.last
+    return {v: (last[v], q) for v, q in first.items() if _saved(graph, v, kept_to_the_end)}
 
 
 def instances_after_removal(graph: Graph, forward: ForwardUses, n_forward: int, old_backward: tuple[int, ...],
@@ -133,7 +134,7 @@ def instances_after_removal(graph: Graph, forward: ForwardUses, n_forward: int, 
     found = {}
     for v in touched:
         last = forward.last.get(v)
-        if last is None or not holds(graph, v, kept_to_the_end):
+        if last is None or not _saved(graph, v, kept_to_the_end):
             continue
         first = _first_read([r for r in reads.reads.get(v, ()) if r not in removed],
                             [m for m in reads.makes.get(v, ()) if m not in removed])
@@ -142,4 +143,4 @@ def instances_after_removal(graph: Graph, forward: ForwardUses, n_forward: int, 
     return _merged(graph, lambda pos: new_backward[pos - n_forward], kept, found)
 
 
-__all__ = ["ForwardUses", "BackwardReads", "Instances", "instances", "instances_after_removal", "holds"]
+__all__ = ["ForwardUses", "BackwardReads", "Instances", "instances", "instances_after_removal"]
