@@ -5,8 +5,8 @@ Run: ``.venv/bin/python benchmarks/split_sites_compiled.py [--quick]`` (writes `
 The Inductor partitioner weighs per-site counts as the eager backend does (``benchmarks/split_sites.py``):
 once ``split="auto"`` has chosen a count ``k`` for a step below its floor as captured (or for speed), the
 same step with each site in the fewest chunks of the largest site's grain is captured, fused and planned
-by the quick planner, and taken where its predicted step is no slower. BatchNorm is decomposed under
-Inductor and does not split there, so the model is a token MLP with a residual and a classification
+by the quick planner, and taken where its predicted step is no slower. When this was written BatchNorm
+did not split under Inductor (it does since ``benchmarks/split_bn_compiled.py``), so the model is a token MLP with a residual and a classification
 head over a wider vocabulary: two sites over the same rows, the head's values 4x the MLP's (16x its
 width, 4x the MLP's hidden width). Budgets: fractions of the unsplit step's store-all peak that the
 unsplit step cannot reach, or reaches only with much recomputation. Reported per budget: the counts, predicted and measured peak

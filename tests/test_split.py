@@ -389,8 +389,7 @@ def test_compiles_split_search_takes_more_chunks_while_each_is_predicted_faster(
 
 class MLPAndHead(nn.Module):
     """A residual MLP, then a head over a 16x wider vocabulary: two sites over the same tokens whose
-    largest values differ 4-fold. (Under Inductor BatchNorm is decomposed and does not split: the
-    two-scale CNN of ``test_split_batch`` has no sites there.)"""
+    largest values differ 4-fold, and cheap to compile."""
 
     def __init__(self, d=32, vocab=512):
         super().__init__()

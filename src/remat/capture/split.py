@@ -13,8 +13,9 @@ time, and the planner may free and recompute a chunk like any other value::
 values) across every edge that carries a large split value, using the rules of
 :mod:`remat.capture.split_rules`; edges carrying small values (the hidden states, a weight, the
 loss) are where the site reads its inputs and combines its outputs. A site's forward ops and its
-backward ops are two *segments*; each runs chunk after chunk (chunk 1's ops, then chunk 2's, ...)
-where the original ran the segment's first op. Inputs split by rows are sliced (views: no
+backward ops are *segments*, more than one per phase where an op needs a value combined over
+every chunk (a barrier's statistics, a sum: :mod:`remat.capture.split_order`); each runs chunk
+after chunk (chunk 1's ops, then chunk 2's, ...) where the original ran the segment's first op. Inputs split by rows are sliced (views: no
 memory); outputs split by rows are concatenated when the segment ends; ``sum`` outputs are added
 up chunk by chunk (a weight's gradient: ``addmm`` into the running total); ``mean`` divides the
 summed losses by the summed weights. A ``first`` output (each chunk makes the same: an attention kernel's
@@ -29,7 +30,6 @@ size inputs, so the split graph runs every size of the bucket.
 
 from __future__ import annotations
 
-import heapq
 import math
 import operator
 from dataclasses import dataclass, field
@@ -39,6 +39,7 @@ import torch.fx as fx
 
 from .joint import forward_phase, input_mutations_of
 from .split_barriers import BARRIER_RULES
+from .split_order import Entry, convex, run_order, segments
 from .split_rules import FIRST, SUM, WHOLE, Split, State, rows_of, rule_for, val
 from .split_sizes import Size, SizeEmitter, SymbolicSizes, chunk_bounds, count_of
 
@@ -146,7 +147,7 @@ class _Grower:
         return state
 
     def try_add(self, node: fx.Node) -> bool:
-        rule = _rule(node)
+        rule = self._filled if node.target in _FILLED else _rule(node)
         if node in self.site.splits or node in self.taken or rule is None:
             return False
         reads: dict = {}
@@ -171,6 +172,16 @@ class _Grower:
             for user in out.users:
                 self.site.reads.pop((user, out), None)
         return True
+
+    def _filled(self, node: fx.Node, _state_of) -> Split | None:
+        """A tensor of one value (``full``: the zeros Inductor's max-pooling backward adds into) that
+        only the site's ops read, all by rows in one state: each chunk makes its own rows of it."""
+        states = {self.site.reads.get((user, node)) for user in node.users}  # (None: a reader outside)
+        state = states.pop() if len(states) == 1 else None
+        if state is None or state.kind != "rows":
+            return None
+        rest = [int(x) for x in val(node).shape[state.lead:]]
+        return Split((state,), args=lambda a, kw, n: (([n * state.per, *rest], *a[1:]), kw))
 
     @staticmethod
     def _output_states(node: fx.Node, split: Split) -> dict[fx.Node, State] | None:
@@ -276,10 +287,9 @@ class _Grower:
                 else:  # read outside: concatenated whole again
                     exits += _nbytes(v)
         self.site.gain = internal - exits
-        segments = _segments(self.site, self.forward)
-        if self.site.gain <= 0 or not all(_convex(seg) for seg in segments):
+        if self.site.gain <= 0 or not all(convex(seg) for seg in segments(self.site, self.forward)):
             return None
-        if _order(list(self.site.seed.graph.nodes), [self.site], self.forward) is None:
+        if run_order(list(self.site.seed.graph.nodes), [self.site], self.forward) is None:
             return None  # its stages and the ops between them would wait on each other
         return self.site
 
@@ -300,56 +310,12 @@ def _memory_order(v: torch.Tensor) -> list[int] | None:
 
 
 def _rule(node: fx.Node):
-    return BARRIER_RULES.get(node.target) or rule_for(node)
-
-
-# An entry of a segment: (node, part), part "op" (an op or getitem run per chunk), "reduce" or
-# "apply" (a barrier's two passes), "result" (a barrier's getitem: made by its passes).
-Entry = tuple[fx.Node, str]
-
-
-def _segments(site: Site, forward: set[fx.Node]) -> list[list[Entry]]:
-    """The site's entries by phase (forward, backward) and stage, each in graph order. A node's
-    stage is the largest stage of the site's values it reads in its phase; a barrier reduces in
-    that stage and makes its outputs in the next."""
-    order = {n: i for i, n in enumerate(site.seed.graph.nodes)}
-    nodes = sorted(set(site.splits) | set(site.states), key=order.__getitem__)
-    ready: dict[fx.Node, int] = {}  # node -> the stage from which its outputs exist
-    groups: dict[tuple[bool, int], list[Entry]] = {}
-    for n in nodes:
-        phase = n not in forward
-        if n.target is operator.getitem and n.args[0] in site.splits:
-            parent = n.args[0]
-            ready[n] = ready[parent]
-            part = "result" if site.splits[parent].barrier is not None else "op"
-            groups.setdefault((phase, ready[n]), []).append((n, part))
-            continue
-        stage = max((ready[a] for a in n.all_input_nodes if a in ready and (a not in forward) == phase), default=0)
-        if site.splits[n].barrier is not None:
-            groups.setdefault((phase, stage), []).append((n, "reduce"))
-            groups.setdefault((phase, stage + 1), []).append((n, "apply"))
-            ready[n] = stage + 1
-        else:
-            groups.setdefault((phase, stage), []).append((n, "op"))
-            ready[n] = stage
-    return [groups[key] for key in sorted(groups)]
-
-
-def _convex(segment: list[Entry]) -> bool:
-    """No path leaves the segment and comes back into it (else it cannot run as one block)."""
-    inside = {n for n, _ in segment}
-    stack = [u for n in inside for u in n.users if u not in inside]
-    seen: set[fx.Node] = set()
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        for u in n.users:
-            if u in inside:
-                return False
-            stack.append(u)
-    return True
+    """The barrier rule of ``node``'s op, else its plain rule; where it has both (``var_mean``: over
+    the batch a barrier, within each row a plain reduction), the first that takes the node."""
+    barrier, plain = BARRIER_RULES.get(node.target), rule_for(node)
+    if barrier is None or plain is None:
+        return barrier or plain
+    return lambda n, state_of: barrier(n, state_of) or plain(n, state_of)
 
 
 def find_sites(joint: fx.GraphModule, num_fwd_outputs: int, sizes: SymbolicSizes | None = None) -> list[Site]:
@@ -412,6 +378,8 @@ def split_joint(joint: fx.GraphModule, num_fwd_outputs: int, sites: list[Site], 
 
 # views and expands whose size argument a rule rewrites for a chunk (``[n * per, *rest]``)
 _SHAPED = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default)
+# tensors of one value, made by rows when only a site's ops read them (their size argument first)
+_FILLED = (aten.full.default,)
 
 
 class _Rewriter:
@@ -518,6 +486,8 @@ class _Rewriter:
                     args, kwargs = split.args(args, kwargs, end - start)
                 if self.sizes is not None and node.target in _SHAPED:  # the chunk's shape, evaluated at run time
                     args = (args[0], self.sizes.chunk_shape(node, site.states[node], site, end - start), *args[2:])
+                if self.sizes is not None and node.target in _FILLED:
+                    args = (self.sizes.chunk_shape(node, site.states[node], site, end - start), *args[1:])
                 if split.addmm and c > 0:
                     chunk = self._call(aten.addmm.default, (totals[node], *args), meta_from=node)
                     totals[node] = chunk
@@ -597,7 +567,7 @@ class _Rewriter:
             self.env[node] = whole
 
     def run(self) -> fx.GraphModule:
-        units = _order(list(self.joint.graph.nodes), self.sites, self.forward)
+        units = run_order(list(self.joint.graph.nodes), self.sites, self.forward)
         assert units is not None, "split sites that wait on each other"  # find_sites checks each site
         output_node = None
         for unit, members in units:
@@ -611,54 +581,6 @@ class _Rewriter:
         out = self.graph.output(fx.node.map_arg(output_node.args[0], lambda a: self.env[a]))
         out.meta = dict(output_node.meta)
         return fx.GraphModule(self.joint, self.graph)
-
-
-def _order(nodes: list[fx.Node], sites: list[Site], forward: set[fx.Node]):
-    """The order in which the rewritten graph runs: ``(unit, entries)`` pairs, a unit being a node
-    outside the sites (entries None) or a site's segment ``(site index, segment index)``; units
-    in topological order, ties broken by the graph position of their first node (Kahn's
-    algorithm). None when the units wait on each other (a cycle)."""
-    unit_of: dict[fx.Node, object] = {n: n for n in nodes}
-    members: dict[object, list[Entry]] = {}
-    needs: dict[object, set] = {}
-    for s, site in enumerate(sites):
-        for g, segment in enumerate(_segments(site, forward)):
-            members[(s, g)] = segment
-            for n, part in segment:
-                if part != "reduce":
-                    unit_of[n] = (s, g)
-        for g, segment in enumerate(_segments(site, forward)):
-            for n, part in segment:
-                if part == "reduce":  # reads the barrier's inputs; its apply pass comes after it
-                    needs.setdefault((s, g), set()).update(unit_of[a] for a in n.all_input_nodes)
-                    needs.setdefault(unit_of[n], set()).add((s, g))
-    index = {n: i for i, n in enumerate(nodes)}
-    first: dict[object, int] = {}
-    for n in nodes:
-        first.setdefault(unit_of[n], index[n])
-    for unit, segment in members.items():
-        first[unit] = min(index[n] for n, _ in segment)
-    for n in nodes:
-        for a in n.all_input_nodes:
-            needs.setdefault(unit_of[n], set()).add(unit_of[a])
-    users: dict[object, list] = {u: [] for u in first}
-    waiting = {u: 0 for u in first}
-    for u, deps in needs.items():
-        for d in deps - {u}:
-            users[d].append(u)
-            waiting[u] += 1
-    ready = [(first[u], i, u) for i, u in enumerate(first) if waiting[u] == 0]
-    heapq.heapify(ready)
-    tie, order = len(first), []
-    while ready:
-        _, _, unit = heapq.heappop(ready)
-        order.append((unit, members.get(unit)))
-        for u in users[unit]:
-            waiting[u] -= 1
-            if waiting[u] == 0:
-                tie += 1
-                heapq.heappush(ready, (first[u], tie, u))
-    return order if len(order) == len(first) else None
 
 
 __all__ = ["Site", "SPLIT_FACTORS", "SPLIT_FIRST_SOLVER", "find_sites", "split_info", "split_joint"]

@@ -23,6 +23,15 @@ the batch's mean and ``invstd`` (``sum dy * xhat`` and ``sum dy``: exactly the p
 sums), summed; then each chunk's input gradient
 ``dx = w * invstd * (dy - db / n - xhat * dw / n)`` with ``xhat = (x - mean) * invstd``.
 
+Under Inductor the op arrives decomposed (Inductor's decompositions run before its partitioner):
+its statistics a ``var_mean`` over every dim but the channels, then ``rsqrt(var + eps)`` and
+``(x - mean) * invstd * w + b`` as separate ops; its backward two ``sum``s over the same dims
+(``sum dy`` and ``sum dy * (x - mean)``), small ops on them, then pointwise ops per element. The
+``var_mean`` is a barrier of its own, a reduce and a combine with no apply pass (its outputs are
+both statistics); the sums are ordinary ``sum`` splits (:mod:`remat.capture.split_rules`), and the
+site's ops that read a combined value, directly or through small ops outside the site, run in the
+stage after the one that made it (:func:`remat.capture.split_order.segments`).
+
 Values agree with the unsplit kernels to rounding (1e-6 relative in fp32), not bitwise: the
 statistics are summed in another order.
 
@@ -55,12 +64,13 @@ class Barrier:
     """How a two-pass op runs: ``reduce(emit, args, count)`` gives a chunk's partial results (``count``:
     the chunk's elements per channel where they vary with the sizes, else None);
     ``combine(emit, partials, args)`` the whole results ``{output index: node}`` and a context;
-    ``apply(emit, args, context)`` a chunk's row outputs ``{output index: node}``. ``args`` are the
-    op's arguments with split tensors replaced by the chunk's (whole ones in ``combine``)."""
+    ``apply(emit, args, context)`` a chunk's row outputs ``{output index: node}`` (None: the op has
+    no row outputs, only whole ones). ``args`` are the op's arguments with split tensors replaced
+    by the chunk's (whole ones in ``combine``)."""
 
     reduce: Callable
     combine: Callable
-    apply: Callable
+    apply: Callable | None
 
 
 def _channels_view(emit: Emit, vector, x) -> Any:
@@ -81,6 +91,24 @@ def _ratio(emit: Emit, a, b):
     return emit(truediv, a, b)
 
 
+def _statistics(emit: Emit, partials, correction=0):
+    """The whole batch's ``(var, mean)`` from its chunks' ``(var, mean, count)`` (each with
+    ``correction=0``), by the pairwise rule of the module docstring; the variance divided by
+    ``n - correction``."""
+    n = sum(count for _, _, count in partials)
+    mean = None
+    for _var, part_mean, count in partials:
+        term = emit(aten.mul.Tensor, part_mean, _ratio(emit, count, n))
+        mean = term if mean is None else emit(aten.add.Tensor, mean, term)
+    var = None
+    for part_var, part_mean, count in partials:
+        centred = emit(aten.sub.Tensor, part_mean, mean)
+        spread = emit(aten.add.Tensor, part_var, emit(aten.mul.Tensor, centred, centred))
+        term = emit(aten.mul.Tensor, spread, _ratio(emit, count, n - correction if correction else n))
+        var = term if var is None else emit(aten.add.Tensor, var, term)
+    return var, mean
+
+
 # -- forward ------------------------------------------------------------------------------------
 
 def _bn_reduce(emit: Emit, args, count=None):
@@ -93,16 +121,7 @@ def _bn_reduce(emit: Emit, args, count=None):
 def _bn_combine(emit: Emit, partials, args):
     _x, _w, _b, running_mean, running_var, _training, momentum, eps = args[:8]
     n = sum(count for _, _, count in partials)
-    mean = None
-    for _var, part_mean, count in partials:
-        term = emit(aten.mul.Tensor, part_mean, _ratio(emit, count, n))
-        mean = term if mean is None else emit(aten.add.Tensor, mean, term)
-    var = None
-    for part_var, part_mean, count in partials:
-        centred = emit(aten.sub.Tensor, part_mean, mean)
-        term = emit(aten.mul.Tensor, emit(aten.add.Tensor, part_var, emit(aten.mul.Tensor, centred, centred)),
-                    _ratio(emit, count, n))
-        var = term if var is None else emit(aten.add.Tensor, var, term)
+    var, mean = _statistics(emit, partials)
     invstd = emit(aten.rsqrt.default, emit(aten.add.Tensor, var, eps))
     new_mean = emit(aten.add.Tensor, emit(aten.mul.Tensor, running_mean, 1 - momentum),
                     emit(aten.mul.Tensor, mean, momentum))
@@ -150,6 +169,12 @@ def _bn_backward_apply(emit: Emit, args, context):
     return {0: emit(aten.mul.Tensor, centred, scale)}
 
 
+def _var_mean_reduce(emit: Emit, args, count=None, *, keepdim: bool):
+    x, dims = args[0], args[1]
+    stats = emit(aten.var_mean.correction, x, dims, correction=0, keepdim=keepdim)
+    return emit(_getitem, stats, 0), emit(_getitem, stats, 1), _count(x) if count is None else count
+
+
 BATCH_NORM = Barrier(_bn_reduce, _bn_combine, _bn_apply)
 BATCH_NORM_BACKWARD = Barrier(_bn_backward_reduce, _bn_backward_combine, _bn_backward_apply)
 
@@ -163,6 +188,34 @@ def _affine_float(x, weight, bias, state_of) -> State | None:
     if weight is None or bias is None or any(state_of(t, whole=True) != WHOLE for t in (weight, bias)):
         return None
     return s
+
+
+def _batch_statistics(node, state_of):
+    """``var_mean(x, dims, correction, keepdim)`` over the batch and every dim but the channels
+    (``[rows, C, *spatial]``, dims ``[0, 2, ...]``): a batch norm's statistics as Inductor decomposes
+    it. A barrier without an apply pass: its two outputs are whole (``STAT``), and the ops that
+    normalise with them (``rsqrt(var + eps)`` outside the site, ``(x - mean) * invstd`` in it) run
+    in the stage after."""
+    x = node.args[0]
+    s = state_of(x)
+    ndim = val(x).dim() if isinstance(val(x), torch.Tensor) else 0
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    correction = node.kwargs.get("correction", 1)
+    keepdim = bool(node.kwargs.get("keepdim", False))
+    if (not is_rows(s, 1) or ndim < 2 or dims is None or len(node.args) > 2
+            or set(node.kwargs) - {"correction", "keepdim"} or not isinstance(correction, (int, float))):
+        return None
+    if sorted(d % ndim for d in dims) != [0, *range(2, ndim)] or val(x).dtype not in (torch.float32, torch.float64):
+        return None
+
+    def reduce(emit, args, count=None):
+        return _var_mean_reduce(emit, args, count, keepdim=keepdim)
+
+    def combine(emit, partials, args):
+        var, mean = _statistics(emit, partials, correction)
+        return {0: var, 1: mean}, None
+
+    return Split((STAT, STAT), barrier=Barrier(reduce, combine, None))
 
 
 def _batch_norm(node, state_of):
@@ -188,6 +241,7 @@ def _batch_norm_backward(node, state_of):
 
 
 BARRIER_RULES = {
+    aten.var_mean.correction: _batch_statistics,
     aten._native_batch_norm_legit_functional.default: _batch_norm,
     aten.native_batch_norm_backward.default: _batch_norm_backward,
 }

@@ -426,6 +426,9 @@ _WHOLE_ARGS: dict[Any, tuple[int, ...]] = {
     aten.avg_pool2d_backward.default: (),
     aten._adaptive_avg_pool2d.default: (),
     aten._adaptive_avg_pool2d_backward.default: (),
+    # Inductor's max pooling: the offset of each window's maximum, then its index in the image plane
+    torch.ops.prims._low_memory_max_pool_with_offsets.default: (),
+    torch.ops.prims._low_memory_max_pool_offsets_to_indices.default: (),
 }
 
 
@@ -454,6 +457,16 @@ def _gather(node, state_of):
     s, index = state_of(node.args[0]), state_of(node.args[2])
     dim = node.args[1] % val(node.args[0]).dim()
     if not is_rows(s) or index != s or dim < s.lead or node.kwargs.get("sparse_grad"):
+        return None
+    return Split((s,), args=_with_arg(1, lambda n: dim - s.lead + 1))
+
+
+def _scatter_add(node, state_of):
+    """``scatter_add(x, dim, index, src)`` along a dim after the rows, all three split alike: row by
+    row (Inductor's decomposed max-pooling backward adds each row's gradients into its own row)."""
+    s = state_of(node.args[0])
+    dim = node.args[1] % val(node.args[0]).dim()
+    if not is_rows(s) or dim < s.lead or any(state_of(a) != s for a in node.args[2:4]):
         return None
     return Split((s,), args=_with_arg(1, lambda n: dim - s.lead + 1))
 
@@ -540,6 +553,7 @@ RULES: dict[Any, Rule] = {
     aten.cat.default: _cat,
     aten.split.Tensor: _split,
     aten.gather.default: _gather,
+    aten.scatter_add.default: _scatter_add,
     aten.split_with_sizes.default: _split,
     aten.squeeze.dim: _unsqueeze_squeeze,
     aten.view.default: _view,

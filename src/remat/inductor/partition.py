@@ -87,7 +87,7 @@ from typing import Any
 import torch
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
-from ..budget import is_fraction
+from ..budget import bytes_to_fraction, fixed_bytes, is_fraction
 from ..capture import capture_joint, joint_device
 from ..capture.split import FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_info, split_joint
 from ..capture.split_choice import NOT_FASTER, faster_chunks, graded_chunks, lower_enough, smallest_chunks
@@ -98,6 +98,7 @@ from ..errors import CaptureError, InfeasibleBudgetError, RematError
 from ..execute import compiled_ops  # noqa: F401  (registers remat's operators before any compiled graph runs)
 from ..execute.lowering import lower
 from ..execute.transfer import make_transfer_meta
+from ..simulate import peak_lower_bound
 from ..solvers.cache import code_fingerprint, plan_with_cache
 from ..solvers.options import BackendOptions
 from ..solvers.planner import given_plan, is_min, quick_minimum, resolve, store_all_plan, uses_swaps
@@ -125,19 +126,21 @@ OFFLOAD_TRY_REUSE_ROUNDS = 1
 
 
 def _point_to_the_eager_batch_norm_split(err: InfeasibleBudgetError, gm: torch.fx.GraphModule) -> None:
-    """Where the step has batch norms, say in ``err`` why none split here and where they do.
+    """Where the step has batch norms and no split site was found, say in ``err`` where they split
+    otherwise.
 
     Inductor decomposes a training batch norm before its partitioner sees the graph: its statistics
-    become a ``var_mean`` over the batch and the image, its backward two sums over them. Those
-    reductions across the rows are what no split rule takes (the two-pass split,
-    :mod:`remat.capture.split_barriers`, is of the undecomposed op, which remat's own lowering keeps)."""
+    become a ``var_mean`` over the batch and the image, its backward two sums over them. Those split
+    in stages (:mod:`remat.capture.split_barriers`) where the ops around them do; where no site was
+    found (an op in it with no split rule), remat's own lowering, which keeps each batch norm whole
+    and splits it in two passes, may still plan the budget."""
     count = sum(1 for n in gm.graph.nodes if n.target is torch.ops.aten.var_mean.correction
                 and 0 in (list(n.args[1]) if len(n.args) > 1 and n.args[1] is not None else []))
     if count:
-        err.args = (f"{err.args[0]} Splitting cannot lower this floor under Inductor: it decomposes the step's "
-                    f"{count} batch norm(s) into reductions over the whole batch, which remat does not split. "
-                    "remat.optimize (remat's own lowering, without Inductor's kernels) splits batch norms in two "
-                    "passes, chunk by chunk, and may plan this budget.",)
+        err.args = (f"{err.args[0]} Splitting found no site to lower this floor under Inductor, which decomposes "
+                    f"the step's {count} batch norm(s) into reductions over the whole batch. remat.optimize (remat's "
+                    "own lowering, without Inductor's kernels) splits each batch norm whole, in two passes, chunk by "
+                    "chunk, and may plan this budget.",)
 
 
 def plan_into_reused_bytes(plan, budget_bytes: int, make, rounds: int = SLACK_ROUNDS):
@@ -267,8 +270,10 @@ class RematPartitioner(CustomPartitionerFn):
                 if planned is not None:
                     capture, fused, plan = planned
                     break
-            else:
-                raise refused
+            else:  # no quick plan fits: a full search per count (the eager backend's rule)
+                i, (capture, fused, plan) = self._searched_split(planned_gm, num_fwd_outputs, device, costs, sites,
+                                                                 factors, unsplit_bytes, bucket, key, sizes, refused)
+                chunks = factors[i]
             if plan.step_overhead > FASTER_SPLIT_OVERHEAD:  # more chunks leave more memory for what it recomputes
                 faster = self._faster_split(planned_gm, num_fwd_outputs, device, costs, plan, sites, factors[i + 1:],
                                             unsplit_bytes, f"{chunks} chunks'", bucket, key, sizes)
@@ -337,6 +342,35 @@ class RematPartitioner(CustomPartitionerFn):
                                           budget_bytes=budget_bytes, within=within, offload_check=False)
         except InfeasibleBudgetError:
             return None
+
+    def _searched_split(self, planned_gm, num_fwd_outputs, device, costs, sites, factors, budget_bytes,
+                        bucket, key, sizes, refused: InfeasibleBudgetError):
+        """``(index of the count in factors, (capture, fused, plan))``: the step with ``sites`` split into the
+        fewest chunks of ``factors`` that a full search plans within the budget (``budget_bytes``: the
+        unsplit step's, None: the options' budget resolved on the split step), where no quick plan fit any
+        count. Counts whose lower bound (:func:`~remat.simulate.peak_lower_bound`) is above the budget are
+        not searched. Raises the refusal, naming the least budget any count reaches, where none plans."""
+        least = refused.min_budget_bytes
+        for i, k in enumerate(factors):
+            step = split_joint(planned_gm, num_fwd_outputs, sites, k, sizes)
+            graph = self._capture_and_fuse(step, num_fwd_outputs, device, costs)[1].graph
+            least = min(least, quick_minimum(graph))
+            budget = budget_bytes if budget_bytes is not None else resolve(graph, self.options.budget)
+            if budget < peak_lower_bound(graph):
+                continue
+            try:
+                return i, self._capture_and_plan(step, num_fwd_outputs, device, costs, bucket, key, split_step=True,
+                                                 budget_bytes=budget_bytes, offload_check=False)
+            except InfeasibleBudgetError as err:
+                least = min(least, err.min_budget_bytes)
+        if least >= refused.min_budget_bytes:
+            raise refused
+        unsplit = self._capture_and_fuse(planned_gm, num_fwd_outputs, device, costs)[1].graph
+        store, fixed = store_all_plan(unsplit).peak_bytes, fixed_bytes(unsplit)
+        raise InfeasibleBudgetError(
+            refused.budget_bytes, least, f"with its largest ops split into up to {factors[-1]} chunks",
+            solver=refused.solver, budget_fraction=refused.budget_fraction,
+            min_budget_fraction=bytes_to_fraction(least, store, fixed)) from None
 
     def _may_split_for_min(self) -> bool:
         """Whether ``split="auto"`` looks below the step's floor for ``budget="min"`` (under ``auto``)."""
