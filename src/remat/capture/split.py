@@ -15,11 +15,11 @@ values) across every edge that carries a large split value, using the rules of
 loss) are where the site reads its inputs and combines its outputs. A site's forward ops and its
 backward ops are *segments*, more than one per phase where an op needs a value combined over
 every chunk (a barrier's statistics, a sum: :mod:`remat.capture.split_order`); each runs chunk
-after chunk (chunk 1's ops, then chunk 2's, ...) where the original ran the segment's first op. Inputs split by rows are sliced (views: no
-memory); outputs split by rows are concatenated when the segment ends; ``sum`` outputs are added
-up chunk by chunk (a weight's gradient: ``addmm`` into the running total); ``mean`` divides the
-summed losses by the summed weights. A ``first`` output (each chunk makes the same: an attention kernel's
-random-number state) is chunk 0's.
+after chunk (chunk 1's ops, then chunk 2's, ...) where the original ran the segment's first op.
+Inputs split by rows are sliced (views: no memory); outputs split by rows are concatenated when
+the segment ends; ``sum`` outputs are added up chunk by chunk (a weight's gradient: ``addmm`` into
+the running total); ``mean`` divides the summed losses by the summed weights. A ``first`` output
+(each chunk makes the same: an attention kernel's random-number state) is chunk 0's.
 
 A joint graph captured with symbolic sizes is split on its copy made concrete at a bucket's edge,
 given its :class:`~remat.capture.split_sizes.SymbolicSizes`: its sites are only those whose values
