@@ -25,24 +25,11 @@ from common import log, md_header, measured_peak, mib, process_setup, time_again
 
 
 def conv_bn():
-    """The test suite's ConvBN: a stem, max pooling, one residual block with BatchNorm, a classifier."""
+    """The test suite's ConvBN (``remat.models.small``): a stem, max pooling, one residual block with
+    BatchNorm, a classifier."""
     import torch
-    import torch.nn.functional as F
-    from torch import nn
 
-    class ConvBN(nn.Module):
-        def __init__(self, c=16, classes=10):
-            super().__init__()
-            self.stem = nn.Sequential(nn.Conv2d(3, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU())
-            self.pool = nn.MaxPool2d(2)
-            self.block = nn.Sequential(nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(),
-                                       nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c))
-            self.head = nn.Linear(c, classes)
-
-        def forward(self, x, target):
-            x = self.pool(self.stem(x))
-            x = F.relu(x + self.block(x))
-            return F.cross_entropy(self.head(F.adaptive_avg_pool2d(x, 1).flatten(1)), target)
+    from remat.models.small import ConvBN
 
     torch.manual_seed(0)
     return ConvBN(), (torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,)))

@@ -17,29 +17,12 @@ from remat.budget import fixed_bytes, fraction_to_bytes
 from remat.capture.split import find_sites
 from remat.capture.split_choice import graded_chunks, site_chunks
 from remat.measure import measure_step
-from remat.models.small import MHABlock, SDPABlock
+from remat.models.small import ConvBN, MHABlock, SDPABlock
 from remat.simulate import peak_lower_bound
 
 from .test_split import _close, _grads
 
 MiB = 2**20
-
-
-class ConvBN(nn.Module):
-    """A stem, max pooling and one residual block with BatchNorm, then a linear classifier."""
-
-    def __init__(self, c=16, classes=10):
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU())
-        self.pool = nn.MaxPool2d(2)
-        self.block = nn.Sequential(nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(),
-                                   nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c))
-        self.head = nn.Linear(c, classes)
-
-    def forward(self, x, target):
-        x = self.pool(self.stem(x))
-        x = F.relu(x + self.block(x))
-        return F.cross_entropy(self.head(F.adaptive_avg_pool2d(x, 1).flatten(1)), target)
 
 
 def _conv_bn():

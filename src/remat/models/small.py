@@ -151,6 +151,24 @@ class MHABlock(nn.Module):
         return self.mlp(x + self.attn(y, y, y)[0]).square().mean()
 
 
+class ConvBN(nn.Module):
+    """A stem, max pooling and one residual block with BatchNorm, then a linear classifier over
+    ``(images, targets)``: the smallest CNN whose floor BatchNorm and its max pooling set."""
+
+    def __init__(self, c=16, classes=10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU())
+        self.pool = nn.MaxPool2d(2)
+        self.block = nn.Sequential(nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(),
+                                   nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c))
+        self.head = nn.Linear(c, classes)
+
+    def forward(self, x, target):
+        x = self.pool(self.stem(x))
+        x = F.relu(x + self.block(x))
+        return F.cross_entropy(self.head(F.adaptive_avg_pool2d(x, 1).flatten(1)), target)
+
+
 class TiedLM(nn.Module):
     """Token embedding, residual MLP blocks, and an output projection sharing the embedding
     weight. ``forward(input_ids, targets)`` returns the mean cross-entropy."""
