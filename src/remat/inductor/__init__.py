@@ -18,11 +18,11 @@ from .calibration import CALIBRATION_ROUNDS, calibrate, measured_step_peak
 from .partition import (INDUCTOR_CONSTRAINTS, OFFLOAD_MIN_GAIN, OFFLOADING_SOLVERS, RematPartitioner, compiled_transfer_meta,
                           inductor_options, partitioner, plan_into_reused_bytes, with_transfer_costs)
 from .scheduling import (MAX_FUSION_GAP, MEMORY_BEFORE, PLAN_PEAK, PlanOrderChoices, fusion_raises_peak, install_one_call_per_kernel,
-                         install_plan_order_choices, store_random_masks, tag_plan_memory)
+                         install_plan_order_choices, store_random_masks, store_where_planned, tag_plan_memory)
 
 __all__ = ["RematPartitioner", "partitioner", "inductor_options", "INDUCTOR_CONSTRAINTS", "OFFLOAD_MIN_GAIN",
            "OFFLOADING_SOLVERS", "compiled_transfer_meta", "plan_into_reused_bytes", "with_transfer_costs",
            "calibrate", "measured_step_peak", "CALIBRATION_ROUNDS",
            "PlanOrderChoices", "install_plan_order_choices", "install_one_call_per_kernel", "fusion_raises_peak",
-           "tag_plan_memory", "store_random_masks", "MAX_FUSION_GAP", "MEMORY_BEFORE", "PLAN_PEAK",
+           "tag_plan_memory", "store_random_masks", "store_where_planned", "MAX_FUSION_GAP", "MEMORY_BEFORE", "PLAN_PEAK",
            "Fused", "fuse", "draw_random_per_reader", "recompute_light_values_per_reader"]

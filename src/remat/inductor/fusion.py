@@ -122,6 +122,12 @@ def _is_pointwise(node: fx.Node) -> bool:
     return torch.Tag.pointwise in target.tags or str(target) in _POINTWISE_EXTRA_NAMES
 
 
+def computed_lazily(node: fx.Node) -> bool:
+    """Whether Inductor lowers ``node`` to a loop body that it stores only when a reader needs it
+    stored (and then where that reader is lowered): a pointwise op other than a random draw."""
+    return _is_pointwise(node) and str(node.target) not in (INDUCTOR_RANDOM, INDUCTOR_SEEDS)
+
+
 def _is_reduction(node: fx.Node) -> bool:
     target = node.target
     return isinstance(target, torch._ops.OpOverload) and torch.Tag.reduction in target.tags
@@ -620,4 +626,4 @@ def recompute_light_values_per_reader(gm: fx.GraphModule) -> int:
     return copies
 
 
-__all__ = ["Fused", "fuse", "fusion_groups", "inplace_reuses", "inplace_conflicts", "inductor_kernels", "addmm_pairs", "addmm_candidates", "deferred_addmm_adds", "MAX_INLINED_READS", "draw_random_per_reader", "recompute_light_values_per_reader"]
+__all__ = ["Fused", "fuse", "fusion_groups", "inplace_reuses", "inplace_conflicts", "inductor_kernels", "addmm_pairs", "addmm_candidates", "deferred_addmm_adds", "MAX_INLINED_READS", "computed_lazily", "draw_random_per_reader", "recompute_light_values_per_reader"]

@@ -47,7 +47,8 @@ step's memory:
   each reader (:func:`remat.inductor.fusion.draw_random_per_reader`), so no dropout mask is stored; and in
   the lowered graphs, a copy of a value computed from drawn numbers that the fused graph stores is
   stored also where the copy has a single reader, which Inductor would compute it inside
-  (:func:`store_random_masks`).
+  (:func:`store_random_masks`), and so is a value Inductor would compute later than the plan does
+  (:func:`store_where_planned`: its inputs would stay alive until then).
 
 What stays on: Inductor writes a kernel's output into the storage of an input that dies there
 (``config.inplace_buffers``); the fused graph lists where it can (:func:`remat.inductor.fusion.inplace_reuses`)
@@ -105,7 +106,8 @@ from ..solvers.planner import given_plan, is_min, quick_minimum, resolve, store_
 from .cost import InductorCostModel
 from .fusion import (Fused, draw_random_per_reader, fuse,
                      recompute_light_values_per_reader)
-from .scheduling import install_one_call_per_kernel, install_plan_order_choices, store_random_masks, tag_plan_memory
+from .scheduling import (install_one_call_per_kernel, install_plan_order_choices, store_where_planned, store_random_masks,
+                         tag_plan_memory)
 
 INDUCTOR_CONSTRAINTS = {
     "realize_reads_threshold": 0,
@@ -319,6 +321,7 @@ class RematPartitioner(CustomPartitionerFn):
         plan.info["seeded_copies"] = seeded_copies
         plan.info["light_copies"] = light_copies
         plan.info["stored_masks"] = store_random_masks(graphs, expanded, fused)
+        plan.info["stored_where_planned"] = store_where_planned(graphs)
         tag_plan_memory(graphs, plan, expanded, fused.members)
         plan.info["partition_seconds"] = time.perf_counter() - started  # captured, planned, lowered
         return graphs
