@@ -2,12 +2,16 @@
 
     install_plan_order_choices(); install_one_call_per_kernel()   # once, before compiling
     tag_plan_memory(graphs, fused_plan, expanded, members)         # on the lowered graphs
+    store_where_planned(graphs)                                    # values made where the plan makes them
 
 Inductor fuses kernels and groups their calls by its own heuristics; remat's memory model holds only
 if kernels fuse next to each other in the plan's order and within the plan's peak
 (:class:`PlanOrderChoices`, reading the simulated memory :func:`tag_plan_memory` writes), and, on the
 CPU, if each generated kernel runs as its own call (:func:`install_one_call_per_kernel`). Both apply
-only to graphs remat planned: a partitioner with ``planned_by_remat = True``.
+only to graphs remat planned: a partitioner with ``planned_by_remat = True``. And it holds only if
+Inductor stores each value where the plan makes it: the lowered graphs pass the values it would
+compute later, or inside a reader, through its stride prim (:func:`store_where_planned`,
+:func:`store_random_masks`).
 """
 
 from __future__ import annotations
