@@ -135,14 +135,36 @@ def _is_reduction(node: fx.Node) -> bool:
 
 def _inlines(reader: fx.Node, value: fx.Node) -> bool:
     """Whether Inductor computes the pointwise ``value`` inside ``reader``'s kernel (or its copy)."""
-    return inlines_its_inputs(reader) or (str(reader.target) in _CLONING_READER_NAMES and bool(reader.args)
+    return inlines_its_inputs(reader) or (_clones_its_first_input(reader) and bool(reader.args)
                                            and reader.args[0] is value
                                            and all(a is not value for a in reader.args[1:]))
 
 
 def inlines_its_inputs(node: fx.Node) -> bool:
     """Whether Inductor computes a pointwise input of ``node`` inside ``node``'s kernel."""
-    return _is_pointwise(node) or _is_reduction(node) or str(node.target) in _INLINING_READER_NAMES
+    return (_is_pointwise(node) or _is_reduction(node)
+            or (str(node.target) in _INLINING_READER_NAMES and not scatter_falls_back(node)))
+
+
+def _clones_its_first_input(node: fx.Node) -> bool:
+    return str(node.target) in _CLONING_READER_NAMES or scatter_falls_back(node)
+
+
+def scatter_falls_back(node: fx.Node) -> bool:
+    """Whether Inductor runs ``node``, a ``scatter_add``, as eager's ``scatter_reduce_`` on a copy of
+    its first input rather than as a loop of its own (``torch._inductor.utils.use_scatter_fallback``):
+    on the CPU with more than one thread (``config.cpp.fallback_scatter_reduce_sum``), and under
+    deterministic algorithms. The copy inlines a pointwise first input (the zeros of max pooling's
+    backward); the index and the source are stored (a pooled image's indices as int64, 8 times the
+    offsets they come from)."""
+    if str(node.target) != "aten.scatter_add.default" or len(node.args) < 4:
+        return False
+    from torch._inductor.utils import use_scatter_fallback
+
+    base, src = node.args[0].meta.get("val"), node.args[3].meta.get("val")
+    if not isinstance(base, torch.Tensor) or not isinstance(src, torch.Tensor):
+        return False
+    return use_scatter_fallback(torch.ops.aten.scatter_reduce_.two, "sum", base.dtype, src.dtype, src.device.type, True)
 
 
 @dataclass
@@ -626,4 +648,4 @@ def recompute_light_values_per_reader(gm: fx.GraphModule) -> int:
     return copies
 
 
-__all__ = ["Fused", "fuse", "fusion_groups", "inplace_reuses", "inplace_conflicts", "inductor_kernels", "addmm_pairs", "addmm_candidates", "deferred_addmm_adds", "MAX_INLINED_READS", "computed_lazily", "draw_random_per_reader", "recompute_light_values_per_reader"]
+__all__ = ["Fused", "fuse", "fusion_groups", "inplace_reuses", "inplace_conflicts", "inductor_kernels", "addmm_pairs", "addmm_candidates", "deferred_addmm_adds", "MAX_INLINED_READS", "computed_lazily", "scatter_falls_back", "draw_random_per_reader", "recompute_light_values_per_reader"]
