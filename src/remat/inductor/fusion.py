@@ -8,10 +8,10 @@ remat plans the compiled step on a *fused graph* that says the same:
 * a node is **inlined** into its consumer when it is a pointwise op (``Tag.pointwise``, or a
   tensor factory / dtype conversion / index computation Inductor lowers the same way), its one
   output is not a forward or backward output, and exactly one node reads it -- a pointwise op, a
-  reduction or a loop body that loads its inputs (max pooling's backward, ``scatter_add``) of the
-  same phase (an extern kernel such as ``mm`` or a convolution needs its inputs in memory, and so
-  do a composite op Inductor decomposes and a random op, which the lowering runs as an opaque
-  operator);
+  reduction or a loop body that loads its inputs (max pooling's backward, ``scatter_add`` where
+  Inductor writes it rather than run eager's op: :func:`scatter_falls_back`) of the same phase
+  (an extern kernel such as ``mm`` or a convolution needs its inputs in memory, and so do a
+  composite op Inductor decomposes and a random op, which the lowering runs as an opaque operator);
 * chains inline transitively; a chain stops growing once it reads more than
   ``MAX_INLINED_READS`` distinct values (Inductor realises such a loop body,
   ``config.realize_acc_reads_threshold``);
