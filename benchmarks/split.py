@@ -196,21 +196,6 @@ def head_rows(rows_n: int, hidden: int, vocab: int):
     return rows + ([""] + refused if refused else [])
 
 
-def loss_module(ex):
-    """A zoo example as a module whose forward returns its scalar loss."""
-    import torch
-
-    class Loss(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = ex.model
-
-        def forward(self, *args):
-            return ex.loss(self.model(*args))
-
-    return Loss()
-
-
 def block_models(quick: bool):
     """(label, model, args): two BatchNorm CNNs of the zoo and two attention blocks."""
     import torch
@@ -221,7 +206,7 @@ def block_models(quick: bool):
     out = []
     for name in ("resnet18", "cnn_bn"):
         ex = zoo.build(name, size=size)
-        out.append((f"{name} (`{size}`, batch {ex.args[0].shape[0]})", loss_module(ex), ex.args))
+        out.append((f"{name} (`{size}`, batch {ex.args[0].shape[0]})", ex.loss_module(), ex.args))
     torch.manual_seed(0)
     batch, seq, dim = (4, 64, 64) if quick else (8, 256, 128)
     x = torch.randn(batch, seq, dim)

@@ -37,21 +37,10 @@ def conv_bn():
 
 def zoo_model(name: str):
     """A zoo CNN with its loss folded in (one tensor argument)."""
-    from torch import nn
-
     from remat import models as zoo
 
     ex = zoo.build(name, size="small")
-
-    class WithLoss(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = ex.model
-
-        def forward(self, x):
-            return ex.loss(self.model(x))
-
-    return WithLoss(), tuple(ex.args)
+    return ex.loss_module(), tuple(ex.args)
 
 
 MODELS = {

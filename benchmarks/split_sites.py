@@ -26,23 +26,12 @@ from common import log, md_header, measured_peak, mib, process_setup, time_again
 def models(quick: bool):
     """(label, model with its loss, args): the zoo's models whose steps have several sites: its BatchNorm
     CNN (ResNet-18's step has one site, the U-Net's none)."""
-    from torch import nn
-
     from remat import models as zoo
 
     out = []
     for name, size in (("cnn_bn", "tiny" if quick else "small"),):
         ex = zoo.build(name, size=size)
-
-        class WithLoss(nn.Module):
-            def __init__(self, ex=ex):
-                super().__init__()
-                self.model, self.loss = ex.model, ex.loss
-
-            def forward(self, *args):
-                return self.loss(self.model(*args))
-
-        out.append((f"{name} (`{size}`, batch {ex.args[0].shape[0]})", WithLoss(), ex.args))
+        out.append((f"{name} (`{size}`, batch {ex.args[0].shape[0]})", ex.loss_module(), ex.args))
     return out
 
 

@@ -96,15 +96,7 @@ def test_smallest_split_plan_of_a_batchnorm_cnn_runs_exactly():
 
     ex = zoo.build("cnn_bn", size="small")
 
-    class WithLoss(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = ex.model
-
-        def forward(self, x):
-            return ex.loss(self.model(x))
-
-    model, (x,) = WithLoss(), ex.args
+    model, (x,) = ex.loss_module(), ex.args
     eager_loss, _ = _grads(copy.deepcopy(model), x)
     # the flops cost model: a plan independent of measured times (this one met the clash)
     wrapped = remat.optimize(copy.deepcopy(model), x, budget="min", solver="keep_set", split=16, cost_model="flops",

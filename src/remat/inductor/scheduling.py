@@ -82,17 +82,12 @@ def store_random_masks(graphs, expanded, fused: Fused) -> int:
     original = fused.original.nodes
     masks = {members[-1] for members in fused.members  # each group's consumer: its outputs are stored
              if any(original[m].op == INDUCTOR_RANDOM for m in members[:-1])}
-    count = 0
-    for gm in graphs:
-        stored_before = count
-        for n in list(gm.graph.nodes):
-            i = n.meta.get("remat_instruction")
-            if i is None or expanded.instructions[i].target not in masks:
-                continue
-            count += _store_if_inlined(gm, n)
-        if count > stored_before:
-            gm.recompile()
-    return count
+
+    def store(gm, n) -> int:
+        i = n.meta.get("remat_instruction")
+        return 0 if i is None or expanded.instructions[i].target not in masks else _store_if_inlined(gm, n)
+
+    return _store_in(graphs, store)
 
 
 def store_where_planned(graphs) -> int:
@@ -122,19 +117,27 @@ def store_where_planned(graphs) -> int:
     (a recomputed copy with fewer readers than the joint graph's is a known gap: see
     :func:`store_random_masks`)."""
     pool = torch.ops.prims._low_memory_max_pool_with_offsets.default
+
+    def store(gm, n) -> int:
+        if "remat_instruction" not in n.meta:
+            return 0
+        if n.target is pool and math.prod(n.args[1]) <= UNROLLED_POOL_WINDOW:
+            return sum(_store_if_inlined(gm, output) or _store_if_deferred(gm, output)
+                       for output in [u for u in n.users if u.target is operator.getitem])
+        return _store_if_deferred(gm, n) if computed_lazily(n) else 0
+
+    return _store_in(graphs, store)
+
+
+def _store_in(graphs, store) -> int:
+    """``store(gm, node)`` (how many values it stored) over every node of every graph, recompiling each
+    graph it changed; the total."""
     count = 0
     for gm in graphs:
-        stored_before = count
-        for n in list(gm.graph.nodes):
-            if "remat_instruction" not in n.meta:
-                continue
-            if n.target is pool and math.prod(n.args[1]) <= UNROLLED_POOL_WINDOW:
-                for output in [u for u in n.users if u.target is operator.getitem]:
-                    count += _store_if_inlined(gm, output) or _store_if_deferred(gm, output)
-            elif computed_lazily(n):
-                count += _store_if_deferred(gm, n)
-        if count > stored_before:
+        stored = sum(store(gm, n) for n in list(gm.graph.nodes))
+        if stored:
             gm.recompile()
+        count += stored
     return count
 
 

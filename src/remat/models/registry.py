@@ -8,6 +8,7 @@ from the global RNG, which :func:`build` has seeded inside a forked RNG state.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -47,11 +48,30 @@ class Example:
             return loss
         return output if output.dim() == 0 else output.sum()
 
+    def loss_module(self) -> nn.Module:
+        """The model with :meth:`loss` folded in: a module whose forward returns the scalar loss
+        (one graph output, as a training step has), sharing the model's parameters."""
+        return _WithLoss(self)
+
     def step(self) -> torch.Tensor:
         """Run one forward + backward with the example inputs; return the loss (detached)."""
         loss = self.loss(self.model(*self.args, **self.kwargs))
         loss.backward()
         return loss.detach()
+
+
+class _WithLoss(nn.Module):
+    """:meth:`Example.loss_module`'s module."""
+
+    def __init__(self, example: Example):
+        super().__init__()
+        self.model = example.model
+        # the loss needs only the name and weights: a copy of it without the model and inputs, so that
+        # deep copies of this module copy nothing more
+        self._loss = dataclasses.replace(example, model=None, args=(), kwargs={}).loss
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self._loss(self.model(*args, **kwargs))
 
 
 # Builders: each takes a size's settings and returns (model, args, kwargs), using the global
