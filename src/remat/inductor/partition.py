@@ -356,14 +356,16 @@ class RematPartitioner(CustomPartitionerFn):
         least = refused.min_budget_bytes
         for i, k in enumerate(factors):
             step = split_joint(planned_gm, num_fwd_outputs, sites, k, sizes)
-            graph = self._capture_and_fuse(step, num_fwd_outputs, device, costs)[1].graph
+            captured = self._capture_and_fuse(step, num_fwd_outputs, device, costs)
+            graph = captured[1].graph
             least = min(least, quick_minimum(graph))
             budget = budget_bytes if budget_bytes is not None else resolve(graph, self.options.budget)
             if budget < peak_lower_bound(graph):
                 continue
             try:
+                reused = captured if self.options.solver not in OFFLOADING_SOLVERS else None  # same transfer costs
                 return i, self._capture_and_plan(step, num_fwd_outputs, device, costs, bucket, key, split_step=True,
-                                                 budget_bytes=budget_bytes, offload_check=False)
+                                                 budget_bytes=budget_bytes, offload_check=False, captured=reused)
             except InfeasibleBudgetError as err:
                 least = min(least, err.min_budget_bytes)
         if least >= refused.min_budget_bytes:
@@ -445,16 +447,17 @@ class RematPartitioner(CustomPartitionerFn):
 
     def _capture_and_plan(self, planned_gm, num_fwd_outputs, device, costs, bucket, key, split_step=False,
                           quick_only=False, budget_bytes: int | None = None, within: float | None = None,
-                          offload_check: bool = True):
+                          offload_check: bool = True, captured: tuple | None = None):
         """Capture, fuse and plan one joint graph: (capture, fused graph, plan). Auto offloads below
         what recomputation reaches, or where that is much cheaper. ``split_step``: a split step,
         planned by ``SPLIT_FIRST_SOLVER`` first; ``quick_only``: None unless a quick plan fits;
         ``budget_bytes``: the budget in bytes, instead of the options' budget resolved on this graph;
         ``within``: ``NOT_FASTER``, without planning, where the store-all step (a floor on every plan's)
         takes at least these seconds; ``offload_check=False``: a fitting recomputation plan is not weighed
-        against offloading (the caller does that for the step it chooses)."""
+        against offloading (the caller does that for the step it chooses); ``captured``: (capture, fused
+        graph) of ``planned_gm`` already made by :meth:`_capture_and_fuse` with the same transfer costs."""
         opts = self.options
-        capture, fused = self._capture_and_fuse(
+        capture, fused = captured or self._capture_and_fuse(
             planned_gm, num_fwd_outputs, device, costs,
             transfer=compiled_transfer_meta(device) if opts.solver in OFFLOADING_SOLVERS else None)
         if quick_only and not self._quick_plan_fits(fused, budget_bytes):
