@@ -271,7 +271,8 @@ def test_thirty_lengths_through_remat_compile(compiled_gpt2):
     dynamic-shape kernels that every length of the bucket runs (no capture, no plan for those);
     gradients as eager's (Inductor's kernels: to a tolerance), the measured peak within the budget."""
     model, m, eager = compiled_gpt2
-    lengths = random.Random(1).sample(range(33, 193), 30)  # 5 buckets: 48, 64, 96, 128, 192
+    # 2 buckets (128, 192): each bucket is one Inductor compilation, which is most of this test's time
+    lengths = random.Random(1).sample(range(97, 193), 30)
     for i, length in enumerate(lengths):
         ids = _ids(length)
         for a, b in zip(_grads(m, ids, seed=i), _grads(eager, ids, seed=i)):

@@ -124,6 +124,13 @@ class _Grower:
         self.large = _nbytes(seed) * LARGE_FRACTION
         self.closing = False  # paths out of the site and back have been taken in once
         self.forward, self.taken = forward, taken
+        # try_add's answer for a node depends only on the states of the values it reads and on which
+        # readers of its own values are in the site: a node refused is not tried again until an op
+        # next to it (one making a value it reads, or reading one it makes) has been added since
+        self._added = 0  # ops added so far
+        self._refused: dict[fx.Node, int] = {}  # node -> self._added when it was last refused
+        self._neighbour_added: dict[fx.Node, int] = {}  # node -> self._added when a neighbour was last added
+        self._is_large: dict[fx.Node, bool] = {}
 
     def _seen(self, value: fx.Node, state: State, consumer: fx.Node) -> State:
         """The state in which ``consumer`` reads the site's ``value``: a sum, a mean or a ``first``
@@ -147,8 +154,37 @@ class _Grower:
         return state
 
     def try_add(self, node: fx.Node) -> bool:
+        if node in self.site.splits or node in self.taken:
+            return False
+        if self._refused.get(node, -1) >= self._neighbour_added.get(node, 0):
+            return False  # refused, and nothing it depends on has changed since
+        if not self._admit(node):
+            self._refused[node] = self._added
+            return False
+        self._added += 1
+        for arg in node.all_input_nodes:  # the neighbours whose answer may now change
+            self._neighbour_added[arg.args[0] if arg.target is operator.getitem else arg] = self._added
+        for out in (node.users if not isinstance(val(node), torch.Tensor) else (node,)):
+            for user in out.users:
+                self._neighbour_added[user] = self._added
+        return True
+
+    def _large(self, node: fx.Node) -> bool:
+        """Whether ``node``'s value is large enough to grow the site through (memoised: the loop asks often)."""
+        large = self._is_large.get(node)
+        if large is None:
+            large = self._is_large[node] = _nbytes(node) >= self.large
+        return large
+
+    def _forget_refusals(self) -> None:
+        """After the site is set back to an earlier state, every refusal may be stale."""
+        self._refused.clear()
+
+    def _admit(self, node: fx.Node) -> bool:
+        """Add ``node`` to the site if its rule splits it in the states its inputs are in, consistently
+        with how the site's ops already read its values; True if it was added."""
         rule = self._filled if node.target in _FILLED else _rule(node)
-        if node in self.site.splits or node in self.taken or rule is None:
+        if rule is None:
             return False
         reads: dict = {}
         split = rule(node, self.state_of(node, reads))
@@ -228,13 +264,13 @@ class _Grower:
         while changed:
             changed = False
             for value, state in list(self.site.states.items()):
-                if state.split and _nbytes(value) >= self.large:
+                if state.split and self._large(value):
                     for user in list(value.users):
                         if user.target is not operator.getitem:
                             changed |= self.try_add(user)
             for op in list(self.site.splits):
                 for arg in op.all_input_nodes:
-                    if arg in self.site.states or _nbytes(arg) < self.large:
+                    if arg in self.site.states or not self._large(arg):
                         continue
                     if not self.site.reads.get((op, arg), WHOLE).split:
                         continue
@@ -270,6 +306,7 @@ class _Grower:
         site = self._checked()
         if site is None and grown:
             self.site.states, self.site.splits, self.site.reads = before  # (copies the growth left alone)
+            self._forget_refusals()
             site = self._checked()
         return site
 
