@@ -36,7 +36,7 @@ from .execute.runtime import boxed
 from .execute.transfer import make_transfer_meta
 from .solvers.cache import plan_with_cache
 from .simulate import peak_lower_bound
-from .solvers.planner import given_plan, quick_minimum, resolve, store_all_plan
+from .solvers.planner import given_plan, plannable_minimum, quick_minimum, resolve, store_all_plan
 from .solvers.warm import warm_plan
 from .solvers.options import BUDGET_ENV, OPTION_NAMES, SOLVER_ENV, BackendOptions
 
@@ -200,10 +200,10 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
         candidate = graded(with_chunks(chosen, budget), budget)
         return candidate if lower_enough(candidate[1].peak_bytes, unsplit[1].peak_bytes) else unsplit
     least = refused.min_budget_bytes
-    # first the fewest chunks a quick plan fits (seconds); only if none does, a full search per
-    # factor whose lower bound the budget reaches
+    # first the fewest chunks a quick or keep-set plan fits (seconds); only if none does, a full
+    # search per factor whose lower bound the budget reaches
     for i, k in enumerate(factors):
-        least = min(least, quick_minimum(chunked(k).graph))
+        least = min(least, plannable_minimum(chunked(k).graph))
         if least <= refused.budget_bytes:
             fewest = with_chunks(k, refused.budget_bytes)
             if fewest[1].step_overhead > FASTER_SPLIT_OVERHEAD:

@@ -102,7 +102,7 @@ from ..execute.transfer import make_transfer_meta
 from ..simulate import peak_lower_bound
 from ..solvers.cache import code_fingerprint, plan_with_cache
 from ..solvers.options import BackendOptions
-from ..solvers.planner import given_plan, is_min, quick_minimum, resolve, store_all_plan, uses_swaps
+from ..solvers.planner import given_plan, is_min, plannable_minimum, quick_minimum, resolve, store_all_plan, uses_swaps
 from .cost import InductorCostModel
 from .fusion import (Fused, draw_random_per_reader, fuse,
                      recompute_light_values_per_reader)
@@ -266,9 +266,9 @@ class RematPartitioner(CustomPartitionerFn):
                 raise
             unsplit_bytes = self.last_budget_bytes if is_fraction(opts.budget) else None  # resolved on the unsplit step
             # below the step's floor as captured: its largest ops split into 2, 4, ... chunks, the fewest that plan
-            for i, chunks in enumerate(factors):  # the fewest chunks whose quick plans fit, planned in full
+            for i, chunks in enumerate(factors):  # the fewest chunks a quick or keep-set plan fits, planned in full
                 planned = self._quick_split_plan(planned_gm, num_fwd_outputs, device, costs, sites, chunks,
-                                                 unsplit_bytes, bucket, key, sizes)
+                                                 unsplit_bytes, bucket, key, sizes, plannable=True)
                 if planned is not None:
                     capture, fused, plan = planned
                     break
@@ -332,16 +332,18 @@ class RematPartitioner(CustomPartitionerFn):
         return resolve(fused.graph, self.options.budget, self.options.solver)
 
     def _quick_split_plan(self, planned_gm, num_fwd_outputs, device, costs, sites, chunks, budget_bytes,
-                          bucket=None, key=None, sizes=None, within: float | None = None):
+                          bucket=None, key=None, sizes=None, within: float | None = None, plannable: bool = False):
         """(capture, fused, plan) of the step with ``sites`` split into ``chunks``, where a quick plan fits
-        (``budget_bytes``: the unsplit step's, None: the options' budget resolved on the split step); None
+        (``plannable``: or the keep-set model's smallest plan, :func:`~remat.solvers.planner.plannable_minimum`;
+        ``budget_bytes``: the unsplit step's, None: the options' budget resolved on the split step); None
         where none fits or the plan is infeasible; ``NOT_FASTER`` where (``within``, seconds) the split step's
         store-all step already takes that long. ``sizes``: the bucket's (:mod:`remat.capture.split_sizes`).
         The plan weighs a split: the step chosen among them is offered the offload tier afterwards, once
         (:meth:`_offered_offload`; for each split weighed, that took a minute on a two-site MLP)."""
         try:
             return self._capture_and_plan(split_joint(planned_gm, num_fwd_outputs, sites, chunks, sizes), num_fwd_outputs,
-                                          device, costs, bucket, key, split_step=True, quick_only=True,
+                                          device, costs, bucket, key, split_step=True,
+                                          quick_only="plannable" if plannable else True,
                                           budget_bytes=budget_bytes, within=within, offload_check=False)
         except InfeasibleBudgetError:
             return None
@@ -460,7 +462,7 @@ class RematPartitioner(CustomPartitionerFn):
         capture, fused = captured or self._capture_and_fuse(
             planned_gm, num_fwd_outputs, device, costs,
             transfer=compiled_transfer_meta(device) if opts.solver in OFFLOADING_SOLVERS else None)
-        if quick_only and not self._quick_plan_fits(fused, budget_bytes):
+        if quick_only and not self._quick_plan_fits(fused, budget_bytes, plannable=quick_only == "plannable"):
             return None  # auto's full search on a split step takes minutes: only where a quick plan fits
         if within is not None and store_all_plan(fused.graph).step_seconds >= within:
             return NOT_FASTER  # no plan of this step can be that fast
@@ -496,15 +498,16 @@ class RematPartitioner(CustomPartitionerFn):
                                 workspace_fn=make_workspace_fn(opts.workspace), transfer=transfer)
         return capture, fuse(capture, kernel_seconds=costs.kernel_seconds if costs else None)
 
-    def _quick_plan_fits(self, fused, budget_bytes: int | None = None) -> bool:
-        """Whether store_all or a quick baseline fits the budget (``budget_bytes``, else the options'
-        budget resolved on ``fused``'s graph) on ``fused``'s graph (seconds)."""
+    def _quick_plan_fits(self, fused, budget_bytes: int | None = None, plannable: bool = False) -> bool:
+        """Whether store_all or a quick baseline (``plannable``: or the keep-set model) fits the budget
+        (``budget_bytes``, else the options' budget resolved on ``fused``'s graph) on ``fused``'s graph (seconds)."""
         budget = self.options.budget
         if budget is None or is_min(budget):
             return True
         if budget_bytes is None:
             budget_bytes = resolve(fused.graph, budget, self.options.solver)
-        return quick_minimum(fused.graph) <= budget_bytes - self.margin_bytes
+        least = plannable_minimum(fused.graph) if plannable else quick_minimum(fused.graph)
+        return least <= budget_bytes - self.margin_bytes
 
     def _bucket(self, gm) -> tuple[dict, dict]:
         """``({symbol: smallest}, {symbol: edge})``: the bucket of a joint graph with symbolic sizes,

@@ -521,6 +521,17 @@ def quick_minimum(graph: Graph) -> int:
     return _smallest_of([store_all_plan(graph), *_minimum_plans(graph, QUICK_MINIMUM_SOLVERS)]).peak_bytes
 
 
+def plannable_minimum(graph: Graph) -> int:
+    """:func:`quick_minimum`, or where that is higher the keep-set model's smallest peak (one HiGHS
+    model: 0.4-7 s on the zoo's graphs): a budget that surely plans, for choosing how many chunks a
+    split step needs. On ConvBN's step split in two the quick planners reach 2.6 MiB and keep_set
+    1.1: without it, 0.5 of that step's store-all (2.3 MiB) took eight chunks, whose plan ran 1.6x the
+    two chunks' a full search finds."""
+    quick = quick_minimum(graph)
+    kept = _minimum_plans(graph, ["keep_set"])
+    return min([quick] + [p.peak_bytes for p in kept if p is not None])
+
+
 def _minimum_plans(graph: Graph, names) -> list[Plan]:
     """The smallest-peak plan of each of the solvers ``names`` that handles ``graph``."""
     plans = []
@@ -598,5 +609,5 @@ def _infeasible(graph: Graph, budget_bytes: int, smallest: Plan, solver: str, fr
     return _error(graph, budget_bytes, smallest, detail, solver, fraction)
 
 
-__all__ = ["make_plan", "given_plan", "recomputation_twin", "on_graph", "resolve", "quick_minimum", "smallest_plan", "recomputation_plan", "uses_swaps", "solver_minimum", "store_all_plan", "reordered_store_all_plan", "auto_candidates",
+__all__ = ["make_plan", "given_plan", "recomputation_twin", "on_graph", "resolve", "quick_minimum", "plannable_minimum", "smallest_plan", "recomputation_plan", "uses_swaps", "solver_minimum", "store_all_plan", "reordered_store_all_plan", "auto_candidates",
            "auto_solvers", "clear_caches", "is_min"]
