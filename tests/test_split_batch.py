@@ -130,6 +130,30 @@ def test_remat_compile_splits_for_inductor():
     assert compiled.plan.peak_bytes <= compiled.plan.info["budget_bytes"]
 
 
+def test_below_the_floor_the_fewest_chunks_the_keep_set_model_fits_are_planned():
+    """Below the step's floor, the fewest chunks are found from quick plans (seconds) before any full
+    search. Counted on the quick planners alone (checkpoint_all, Chen's), ConvBN at 0.5 needed eight
+    chunks under remat.compile, whose plan ran 1.6x the step the two chunks' plan runs: on the
+    2-chunk step only the keep-set model's smallest plan fits. It counts now (``plannable_minimum``):
+    the 2-chunk step is planned, and more chunks are taken only where predicted faster than it."""
+    from remat.solvers.planner import plannable_minimum, quick_minimum
+
+    torch.manual_seed(0)
+    model, args = ConvBN(), (torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,)))
+    planned = remat.optimize(copy.deepcopy(model), *args, budget=0.5, cache=False)
+    budget = planned.plan.budget_bytes
+    two, _ = capture_and_plan(copy.deepcopy(model), *args, solver="store_all", split=2, cache=False)
+    assert quick_minimum(two.graph) > budget >= plannable_minimum(two.graph)  # the case this is about
+    # the 2-chunk step is planned: taken, or the plan more chunks were weighed against for speed
+    chosen = planned.plan.info["split"]["chunks"], planned.plan.info["chosen by"]
+    assert chosen[0] == 2 or "against the 2 chunks' plan" in chosen[1], chosen
+    assert planned.plan.peak_bytes <= budget
+    loss, grads = _grads(planned, *args)
+    eager_loss, eager = _grads(copy.deepcopy(model), *args)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=0)
+    _close(grads, eager)
+
+
 def test_under_inductor_a_batch_norm_cnn_splits_below_its_unsplit_floor():
     """Inductor decomposes BatchNorm before remat sees the step: its statistics a ``var_mean`` over the
     batch and the image (a barrier: each chunk's statistics, combined), its backward two sums over them
