@@ -524,9 +524,10 @@ def quick_minimum(graph: Graph) -> int:
 def plannable_minimum(graph: Graph) -> int:
     """:func:`quick_minimum`, or where that is higher the keep-set model's smallest peak (one HiGHS
     model: 0.4-7 s on the zoo's graphs): a budget that surely plans, for choosing how many chunks a
-    split step needs. On ConvBN's step split in two the quick planners reach 2.6 MiB and keep_set
-    1.1: without it, 0.5 of that step's store-all (2.3 MiB) took eight chunks, whose plan ran 1.6x the
-    two chunks' a full search finds."""
+    split step needs. ConvBN (16 images of 32 x 32) split in two, as the eager backend captures it:
+    the quick planners reach 2.52 MiB, keep_set 2.02, and a fraction of 0.5 is about 2.25. Counted on
+    the quick planners alone, remat.compile took eight chunks there, whose plan stepped 1.6x as
+    long as the two chunks' (benchmarks/split_bn_compiled.md)."""
     quick = quick_minimum(graph)
     kept = _minimum_plans(graph, ["keep_set"])
     return min([quick] + [p.peak_bytes for p in kept if p is not None])
