@@ -439,6 +439,7 @@ def test_inductor_runs_sites_in_different_chunk_counts_exactly_and_as_predicted(
     _close(grads, eager)
     # at most the prediction: Inductor fuses the loss backward's one-hot term (2 MiB, made from the
     # targets alone) into its readers, which the fused graph does not model (remat.inductor.fusion:
-    # measured / predicted 0.61 for this step unsplit at 0.95, 0.91 with both sites in 4 chunks)
+    # measured / predicted 0.61 for this step unsplit at 0.95, 0.74 with the head in 2 chunks, the
+    # count taken since the keep-set model gates the fewest chunks, 0.90 with it in 4)
     measured = measured_step_peak(compiled, args, {})
-    assert 0.85 * plan.peak_bytes <= measured <= plan.peak_bytes, (measured, plan.peak_bytes)
+    assert 0.7 * plan.peak_bytes <= measured <= plan.peak_bytes, (measured, plan.peak_bytes)
