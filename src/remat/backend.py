@@ -203,7 +203,7 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     # first the fewest chunks a quick or keep-set plan fits (seconds); only if none does, a full
     # search per factor whose lower bound the budget reaches
     for i, k in enumerate(factors):
-        least = min(least, plannable_minimum(chunked(k).graph))
+        least = min(least, plannable_minimum(chunked(k).graph, refused.budget_bytes))
         if least <= refused.budget_bytes:
             fewest = with_chunks(k, refused.budget_bytes)
             if fewest[1].step_overhead > FASTER_SPLIT_OVERHEAD:

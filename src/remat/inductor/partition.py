@@ -506,8 +506,9 @@ class RematPartitioner(CustomPartitionerFn):
             return True
         if budget_bytes is None:
             budget_bytes = resolve(fused.graph, budget, self.options.solver)
-        least = plannable_minimum(fused.graph) if plannable else quick_minimum(fused.graph)
-        return least <= budget_bytes - self.margin_bytes
+        budget_bytes -= self.margin_bytes
+        least = plannable_minimum(fused.graph, budget_bytes) if plannable else quick_minimum(fused.graph)
+        return least <= budget_bytes
 
     def _bucket(self, gm) -> tuple[dict, dict]:
         """``({symbol: smallest}, {symbol: edge})``: the bucket of a joint graph with symbolic sizes,

@@ -521,14 +521,18 @@ def quick_minimum(graph: Graph) -> int:
     return _smallest_of([store_all_plan(graph), *_minimum_plans(graph, QUICK_MINIMUM_SOLVERS)]).peak_bytes
 
 
-def plannable_minimum(graph: Graph) -> int:
+def plannable_minimum(graph: Graph, budget_bytes: int | None = None) -> int:
     """:func:`quick_minimum`, or where that is higher the keep-set model's smallest peak (one HiGHS
     model: 0.4-7 s on the zoo's graphs): a budget that surely plans, for choosing how many chunks a
     split step needs. ConvBN (16 images of 32 x 32) split in two, as the eager backend captures it:
     the quick planners reach 2.52 MiB, keep_set 2.02, and a fraction of 0.5 is about 2.25. Counted on
     the quick planners alone, remat.compile took eight chunks there, whose plan stepped 1.6x as
-    long as the two chunks' (benchmarks/split_bn_compiled.md)."""
+    long as the two chunks' (benchmarks/split_bn_compiled.md). Given ``budget_bytes``, the keep-set
+    model is solved only where it can change whether a plan fits that budget: not where a quick plan
+    fits it, nor where it is below every order's lower bound (an infeasible budget stays quick)."""
     quick = quick_minimum(graph)
+    if budget_bytes is not None and (quick <= budget_bytes or budget_bytes < peak_lower_bound(graph)):
+        return quick
     kept = _minimum_plans(graph, ["keep_set"])
     return min([quick] + [p.peak_bytes for p in kept if p is not None])
 
