@@ -105,9 +105,10 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     faster) are weighed against it and the fastest is taken when its predicted step time is
     ``FASTER_SPLIT_GAIN`` below the unsplit plan's (smaller chunks need less recomputation). Where no plan
     fits as captured, the split sites with 2, 4, 8, ... chunks: the
-    fewest chunks whose quick plans fit (seconds; fewer chunks, fewer extra launches), planned by
+    fewest chunks a quick plan or the keep-set model's smallest plan fits
+    (:func:`~remat.solvers.planner.plannable_minimum`, seconds; fewer chunks, fewer extra launches), planned by
     ``SPLIT_FIRST_SOLVER`` (else ``auto``), then more chunks weighed for speed as above where that
-    plan's overhead is above ``FASTER_SPLIT_OVERHEAD``; if no quick plan fits, each factor in full. A split chosen so, with
+    plan's overhead is above ``FASTER_SPLIT_OVERHEAD``; if none fits so, each factor in full. A split chosen so, with
     several sites, is then weighed against the same step with each site in the fewest chunks of the
     same grain (:func:`~remat.capture.split_choice.graded_chunks`), taken where no slower.
     With ``budget="min"``, more chunks while each

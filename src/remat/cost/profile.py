@@ -14,7 +14,9 @@ ops, kernel time for big ones.
 Both are set from the faster of two single calls, never from one: on a busy CPU one call
 in a few hundred is preempted for a scheduler slice (a 0.2 ms convolution measured
 20 ms), and a plan made on such a number keeps it, cached on disk. Ops slower than
-``LONG_OP_SECONDS`` (0.25 s) take those two calls as their samples and keep the faster.
+``max_seconds`` take three samples (the two calls and one more: up to 0.75 s for one op); ops
+slower than ``LONG_OP_SECONDS`` (0.25 s) take the two calls and keep the faster; with
+``repeats`` below 3, the faster of the samples taken counts.
 
 Inputs: floats standard normal, bools random, integers uniform in ``[0, bound)`` where
 ``bound`` is the size an index must stay below (:func:`index_bound`: the embedding's

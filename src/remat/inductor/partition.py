@@ -272,7 +272,7 @@ class RematPartitioner(CustomPartitionerFn):
                 if planned is not None:
                     capture, fused, plan = planned
                     break
-            else:  # no quick plan fits: a full search per count (the eager backend's rule)
+            else:  # no quick or keep-set plan fits: a full search per count (the eager backend's rule)
                 i, (capture, fused, plan) = self._searched_split(planned_gm, num_fwd_outputs, device, costs, sites,
                                                                  factors, unsplit_bytes, bucket, key, sizes, refused)
                 chunks = factors[i]
@@ -452,7 +452,8 @@ class RematPartitioner(CustomPartitionerFn):
                           offload_check: bool = True, captured: tuple | None = None):
         """Capture, fuse and plan one joint graph: (capture, fused graph, plan). Auto offloads below
         what recomputation reaches, or where that is much cheaper. ``split_step``: a split step,
-        planned by ``SPLIT_FIRST_SOLVER`` first; ``quick_only``: None unless a quick plan fits;
+        planned by ``SPLIT_FIRST_SOLVER`` first; ``quick_only``: None unless a quick plan fits (``"plannable"``:
+        or the keep-set model's smallest plan);
         ``budget_bytes``: the budget in bytes, instead of the options' budget resolved on this graph;
         ``within``: ``NOT_FASTER``, without planning, where the store-all step (a floor on every plan's)
         takes at least these seconds; ``offload_check=False``: a fitting recomputation plan is not weighed
