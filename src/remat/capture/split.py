@@ -176,10 +176,6 @@ class _Grower:
             large = self._is_large[node] = _nbytes(node) >= self.large
         return large
 
-    def _forget_refusals(self) -> None:
-        """After the site is set back to an earlier state, every refusal may be stale."""
-        self._refused.clear()
-
     def _admit(self, node: fx.Node) -> bool:
         """Add ``node`` to the site if its rule splits it in the states its inputs are in, consistently
         with how the site's ops already read its values; True if it was added."""
@@ -306,7 +302,7 @@ class _Grower:
         site = self._checked()
         if site is None and grown:
             self.site.states, self.site.splits, self.site.reads = before  # (copies the growth left alone)
-            self._forget_refusals()
+            self._refused.clear()  # set back to an earlier state: every refusal may be stale
             site = self._checked()
         return site
 

@@ -342,9 +342,9 @@ class RematPartitioner(CustomPartitionerFn):
         (:meth:`_offered_offload`; for each split weighed, that took a minute on a two-site MLP)."""
         try:
             return self._capture_and_plan(split_joint(planned_gm, num_fwd_outputs, sites, chunks, sizes), num_fwd_outputs,
-                                          device, costs, bucket, key, split_step=True,
-                                          quick_only="plannable" if plannable else True,
-                                          budget_bytes=budget_bytes, within=within, offload_check=False)
+                                          device, costs, bucket, key, split_step=True, quick_only=True,
+                                          keep_set_gate=plannable, budget_bytes=budget_bytes, within=within,
+                                          offload_check=False)
         except InfeasibleBudgetError:
             return None
 
@@ -448,12 +448,12 @@ class RematPartitioner(CustomPartitionerFn):
         return graded_chunks((chunks, planned), sites, plan_for, smallest=smallest)
 
     def _capture_and_plan(self, planned_gm, num_fwd_outputs, device, costs, bucket, key, split_step=False,
-                          quick_only=False, budget_bytes: int | None = None, within: float | None = None,
-                          offload_check: bool = True, captured: tuple | None = None):
+                          quick_only=False, keep_set_gate=False, budget_bytes: int | None = None,
+                          within: float | None = None, offload_check: bool = True, captured: tuple | None = None):
         """Capture, fuse and plan one joint graph: (capture, fused graph, plan). Auto offloads below
         what recomputation reaches, or where that is much cheaper. ``split_step``: a split step,
-        planned by ``SPLIT_FIRST_SOLVER`` first; ``quick_only``: None unless a quick plan fits (``"plannable"``:
-        or the keep-set model's smallest plan);
+        planned by ``SPLIT_FIRST_SOLVER`` first; ``quick_only``: None unless a quick plan fits
+        (``keep_set_gate``: or the keep-set model's smallest plan);
         ``budget_bytes``: the budget in bytes, instead of the options' budget resolved on this graph;
         ``within``: ``NOT_FASTER``, without planning, where the store-all step (a floor on every plan's)
         takes at least these seconds; ``offload_check=False``: a fitting recomputation plan is not weighed
@@ -463,7 +463,7 @@ class RematPartitioner(CustomPartitionerFn):
         capture, fused = captured or self._capture_and_fuse(
             planned_gm, num_fwd_outputs, device, costs,
             transfer=compiled_transfer_meta(device) if opts.solver in OFFLOADING_SOLVERS else None)
-        if quick_only and not self._quick_plan_fits(fused, budget_bytes, plannable=quick_only == "plannable"):
+        if quick_only and not self._quick_plan_fits(fused, budget_bytes, plannable=keep_set_gate):
             return None  # auto's full search on a split step takes minutes: only where a quick plan fits
         if within is not None and store_all_plan(fused.graph).step_seconds >= within:
             return NOT_FASTER  # no plan of this step can be that fast

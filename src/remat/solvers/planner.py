@@ -533,8 +533,7 @@ def plannable_minimum(graph: Graph, budget_bytes: int | None = None) -> int:
     quick = quick_minimum(graph)
     if budget_bytes is not None and (quick <= budget_bytes or budget_bytes < peak_lower_bound(graph)):
         return quick
-    kept = _minimum_plans(graph, ["keep_set"])
-    return min([quick] + [p.peak_bytes for p in kept if p is not None])
+    return min([quick] + [p.peak_bytes for p in _minimum_plans(graph, ["keep_set"]) if p is not None])
 
 
 def _minimum_plans(graph: Graph, names) -> list[Plan]:
