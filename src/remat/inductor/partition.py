@@ -273,8 +273,15 @@ class RematPartitioner(CustomPartitionerFn):
                     capture, fused, plan = planned
                     break
             else:  # no quick or keep-set plan fits: a full search per count (the eager backend's rule)
-                i, (capture, fused, plan) = self._searched_split(planned_gm, num_fwd_outputs, device, costs, sites,
-                                                                 factors, unsplit_bytes, bucket, key, sizes, refused)
+                try:
+                    i, (capture, fused, plan) = self._searched_split(planned_gm, num_fwd_outputs, device, costs,
+                                                                     sites, factors, unsplit_bytes, bucket, key, sizes,
+                                                                     refused)
+                except InfeasibleBudgetError as err:  # a bucket's refusal names its sizes and is kept, split or not
+                    if bucket is not None:
+                        named = err if getattr(err, "bucket", None) else name_bucket(err, key)
+                        self.refused[(key, self.bucket_budget_bytes)] = named
+                    raise
                 chunks = factors[i]
             if plan.step_overhead > FASTER_SPLIT_OVERHEAD:  # more chunks leave more memory for what it recomputes
                 faster = self._faster_split(planned_gm, num_fwd_outputs, device, costs, plan, sites, factors[i + 1:],
