@@ -413,7 +413,7 @@ def test_inductor_runs_sites_in_different_chunk_counts_exactly_and_as_predicted(
 
     weighed, offload_checks = [], []
 
-    def always_graded(chosen, sites, plan_for, smallest=False):
+    def always_graded(chosen, sites, plan_for):
         counts = site_chunks(sites, chosen[0])
         weighed.append(counts)
         graded = plan_for(counts)

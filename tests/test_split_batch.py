@@ -15,7 +15,7 @@ import remat
 from remat.api import capture_and_plan
 from remat.budget import fixed_bytes, fraction_to_bytes
 from remat.capture.split import find_sites
-from remat.capture.split_choice import graded_chunks, site_chunks
+from remat.capture.split_choice import graded_chunks, site_chunks, smallest_split
 from remat.measure import measure_step
 from remat.models.small import ConvBN, MHABlock, SDPABlock
 from remat.simulate import peak_lower_bound
@@ -307,9 +307,27 @@ def test_per_site_counts_are_taken_only_where_predicted_no_slower():
     assert graded_chunks(uniform, sites, lambda counts: planned(1.0, 120)) == ((8, 2), planned(1.0, 120))
     assert graded_chunks(uniform, sites, lambda counts: planned(1.1, 90)) is uniform  # slower
     assert graded_chunks(uniform, sites, lambda counts: None) is uniform  # no quick plan fits
-    assert graded_chunks(uniform, sites, lambda counts: planned(0.9, 120), smallest=True) is uniform  # peaks higher
-    assert graded_chunks(uniform, sites, lambda counts: planned(1.5, 90), smallest=True) == ((8, 2), planned(1.5, 90))
     assert graded_chunks(uniform, sites[:1], lambda counts: planned(0.5, 1)) is uniform  # one site
+
+
+def test_the_smallest_split_is_chosen_from_quick_peaks_and_graded_where_no_higher():
+    """``budget="min"``: the most chunks while each lowers the quick planners' smallest peak by MIN_GAIN,
+    then each site in its own count where that step's quick peak is no higher; one full search follows."""
+    sites = _sites_of(*_two_scales())
+    asked = []
+
+    def quick(peaks):
+        def peak(counts):
+            asked.append(counts)
+            return peaks[counts]
+        return peak
+
+    uniform = {2: 90, 4: 80, 8: 79}  # 8 lowers the peak by less than MIN_GAIN: 4 chunks
+    assert smallest_split((2, 4, 8), sites, quick({**uniform, (4, 1): 80}), 100) == (4, 1) and asked[-1] == (4, 1)
+    assert smallest_split((2, 4, 8), sites, quick({**uniform, (4, 1): 81}), 100) == 4  # graded peaks higher
+    assert smallest_split((2, 4, 8), sites, quick({2: 99}), 100) is None  # 2 chunks do not lower the floor
+    asked.clear()
+    assert smallest_split((2, 4, 8), sites[:1], quick(uniform), 100) == 4 and asked == [2, 4, 8]  # one site
 
 
 def test_a_step_with_sites_in_different_chunk_counts_runs_exactly_and_as_predicted(monkeypatch):
@@ -317,7 +335,7 @@ def test_a_step_with_sites_in_different_chunk_counts_runs_exactly_and_as_predict
     gives eager's gradients and running statistics, and its measured peak is the predicted one."""
     import remat.backend as backend
 
-    def always_graded(chosen, sites, plan_for, smallest=False):
+    def always_graded(chosen, sites, plan_for):
         counts = site_chunks(sites, chosen[0])
         return counts, plan_for(counts)
 
@@ -360,7 +378,7 @@ def test_sites_in_different_counts_slice_a_shared_input_each_their_own_way(monke
     without the count once handed the 2-chunk site the 8-chunk site's slices: loss 0.497 for eager's 0.796)."""
     import remat.backend as backend
 
-    monkeypatch.setattr(backend, "graded_chunks", lambda chosen, sites, plan_for, smallest=False: (
+    monkeypatch.setattr(backend, "graded_chunks", lambda chosen, sites, plan_for: (
         site_chunks(sites, 8), plan_for(site_chunks(sites, 8))))  # whatever count the budget took first
     torch.manual_seed(0)
     model, x = TwoBranches(), torch.randn(8, 3, 16, 16)

@@ -25,7 +25,7 @@ from .budget import bytes_to_fraction, fixed_bytes, is_fraction, is_min
 from .capture import capture_joint, joint_device
 from .capture.shapes import is_dynamic
 from .capture.split import FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_info, split_joint
-from .capture.split_choice import NOT_FASTER, faster_chunks, graded_chunks, lower_enough, smallest_chunks
+from .capture.split_choice import NOT_FASTER, faster_chunks, graded_chunks, lower_enough, smallest_split
 from .capture.split_sizes import SymbolicSizes, chunk_counts
 from .cost import make_cost_fn, make_workspace_fn
 from .errors import InfeasibleBudgetError, RematError, through_dynamo
@@ -112,7 +112,8 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     several sites, is then weighed against the same step with each site in the fewest chunks of the
     same grain (:func:`~remat.capture.split_choice.graded_chunks`), taken where no slower.
     With ``budget="min"``, more chunks while each
-    lowers the quick planners' smallest peak by ``MIN_GAIN``, then the smallest plan of that factor
+    lowers the quick planners' smallest peak by ``MIN_GAIN``, each site graded so where that peak is no
+    higher (:func:`~remat.capture.split_choice.smallest_split`), then the smallest plan of that split
     in full (kept when it beats the unsplit step's by ``MIN_GAIN``). An int: that many chunks, whatever the solver. A
     fraction is of the unsplit step's store-all peak, and :class:`InfeasibleBudgetError` names the
     smallest budget over every split tried.
@@ -175,30 +176,26 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
         if k is None:  # not split
             return result
 
-        def plan_for(counts):  # within a budget, the quick planner only (as for speed: _faster_of)
-            if is_min(budget):
-                try:
-                    return with_chunks(counts, budget)
-                except InfeasibleBudgetError:
-                    return None
+        def plan_for(counts):  # the quick planner only (as for speed: _faster_of)
             found = _split_plan(chunked, plan, sites, counts, budget)
             if found is not None:
                 found[1].info["chosen by"] = f"auto: {SPLIT_FIRST_SOLVER}, sites in {list(counts)} chunks (no slower)"
             return found
 
-        return graded_chunks((k, result), sites, plan_for, smallest=is_min(budget))[1]
+        return graded_chunks((k, result), sites, plan_for)[1]
 
     if fitting is not None:
         return graded(_faster_of((captured, fitting), chunked, sites, fitting.budget_bytes, plan, factors, "unsplit"),
                       fitting.budget_bytes)
     if isinstance(split, int):  # a fraction of the unsplit step's peak
         return with_chunks(split, resolve(captured.graph, budget) if is_fraction(budget) else budget)
-    if is_min(budget):  # the factor from the quick planners (seconds), then one full search
-        chosen = smallest_chunks(factors, lambda k: quick_minimum(chunked(k).graph), quick_minimum(captured.graph))
+    if is_min(budget):  # the split from the quick planners (seconds), then one full search
+        chosen = smallest_split(factors, sites, lambda k: quick_minimum(chunked(k).graph),
+                                quick_minimum(captured.graph))
         unsplit = (captured, plan(captured.graph, budget))
         if chosen is None:
             return unsplit
-        candidate = graded(with_chunks(chosen, budget), budget)
+        candidate = with_chunks(chosen, budget)
         return candidate if lower_enough(candidate[1].peak_bytes, unsplit[1].peak_bytes) else unsplit
     least = refused.min_budget_bytes
     # first the fewest chunks a quick or keep-set plan fits (seconds); only if none does, a full

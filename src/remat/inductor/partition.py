@@ -91,7 +91,7 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from ..budget import bytes_to_fraction, fixed_bytes, is_fraction
 from ..capture import capture_joint, joint_device
 from ..capture.split import FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_info, split_joint
-from ..capture.split_choice import NOT_FASTER, faster_chunks, graded_chunks, lower_enough, smallest_chunks
+from ..capture.split_choice import NOT_FASTER, faster_chunks, graded_chunks, lower_enough, smallest_split
 from ..capture.shapes import bucket_key, concrete_joint, guard_bucket, is_dynamic, name_bucket, refuse_unless_monotone
 from ..capture.split_sizes import SymbolicSizes, chunk_counts
 from ..cost import INDUCTOR_COST_MODEL, make_cost_fn, make_workspace_fn
@@ -295,9 +295,7 @@ class RematPartitioner(CustomPartitionerFn):
             if split == "auto" and not chunks and self._may_split_for_min():
                 smaller = self._smallest_split(planned_gm, num_fwd_outputs, device, costs, plan, bucket, key, sizes)
                 if smaller is not None:
-                    chunks, sites, planned = smaller
-                    chunks, (capture, fused, plan) = self._graded(planned_gm, num_fwd_outputs, device, costs, sites,
-                                                                  chunks, planned, None, bucket, key, sizes)
+                    chunks, sites, (capture, fused, plan) = smaller
             elif split == "auto" and not chunks and self._may_split_for_speed(plan, bucket):
                 sites, budget_bytes = find_sites(planned_gm, num_fwd_outputs), self.last_budget_bytes
                 faster = self._faster_split(planned_gm, num_fwd_outputs, device, costs, plan, sites, SPLIT_FACTORS,
@@ -392,10 +390,11 @@ class RematPartitioner(CustomPartitionerFn):
         return opts.solver == "auto" and opts.plan is None and is_min(opts.budget)
 
     def _smallest_split(self, planned_gm, num_fwd_outputs, device, costs, unsplit, bucket=None, key=None, sizes=None):
-        """``budget="min"``: (chunks, sites, (capture, fused, plan)) of the step split into the count
-        :func:`~remat.capture.split_choice.smallest_chunks` picks from the quick planners' peaks, its smallest
-        plan searched in full and taken where it peaks lower than ``unsplit`` (the step's as captured) by
-        :func:`~remat.capture.split_choice.lower_enough`; None otherwise. The eager backend's rule."""
+        """``budget="min"``: (chunks, sites, (capture, fused, plan)) of the step split as
+        :func:`~remat.capture.split_choice.smallest_split` picks from the quick planners' peaks (a count, or
+        each site's), its smallest plan searched in full and taken where it peaks lower than ``unsplit``
+        (the step's as captured) by :func:`~remat.capture.split_choice.lower_enough`; None otherwise. The
+        eager backend's rule."""
         sites = find_sites(planned_gm, num_fwd_outputs, sizes)
         factors = chunk_counts(sizes, sites, SPLIT_FACTORS) if sites else []
 
@@ -406,7 +405,7 @@ class RematPartitioner(CustomPartitionerFn):
             return quick_minimum(self._capture_and_fuse(split_step(k), num_fwd_outputs, device, costs)[1].graph)
 
         try:  # the unsplit step has a plan: a split step that fails to capture or plan leaves it
-            chosen = smallest_chunks(factors, quick_peak, quick_minimum(unsplit.graph))
+            chosen = smallest_split(factors, sites, quick_peak, quick_minimum(unsplit.graph))
             if chosen is None:
                 return None
             planned = self._capture_and_plan(split_step(chosen), num_fwd_outputs, device, costs, bucket, key,
@@ -438,21 +437,10 @@ class RematPartitioner(CustomPartitionerFn):
         """``(counts, (capture, fused, plan))``: ``planned`` (every site in ``chunks``), or the step with each
         site in :func:`~remat.capture.split_choice.site_chunks` where that is predicted no slower
         (:func:`~remat.capture.split_choice.graded_chunks`, the eager backend's rule): one more split step
-        captured and planned, by a quick plan within ``budget_bytes`` as the split plans weighed for speed
-        are, or for ``budget="min"`` its smallest plan in full."""
-        smallest = is_min(self.options.budget)
-
-        def plan_for(counts):
-            if not smallest:
-                return self._quick_split_plan(planned_gm, num_fwd_outputs, device, costs, sites, counts, budget_bytes,
-                                              bucket, key, sizes)
-            try:
-                return self._capture_and_plan(split_joint(planned_gm, num_fwd_outputs, sites, counts, sizes),
-                                              num_fwd_outputs, device, costs, bucket, key, split_step=True)
-            except RematError:  # the uniform split planned: a graded one that does not is not taken
-                return None
-
-        return graded_chunks((chunks, planned), sites, plan_for, smallest=smallest)
+        captured and planned by a quick plan within ``budget_bytes``, as the split plans weighed for speed
+        are. (``budget="min"`` grades in :func:`~remat.capture.split_choice.smallest_split`.)"""
+        return graded_chunks((chunks, planned), sites, lambda counts: self._quick_split_plan(
+            planned_gm, num_fwd_outputs, device, costs, sites, counts, budget_bytes, bucket, key, sizes))
 
     def _capture_and_plan(self, planned_gm, num_fwd_outputs, device, costs, bucket, key, split_step=False,
                           quick_only=False, keep_set_gate=False, budget_bytes: int | None = None,
