@@ -443,3 +443,32 @@ def test_inductor_runs_sites_in_different_chunk_counts_exactly_and_as_predicted(
     # count taken since the keep-set model gates the fewest chunks, 0.90 with it in 4)
     measured = measured_step_peak(compiled, args, {})
     assert 0.7 * plan.peak_bytes <= measured <= plan.peak_bytes, (measured, plan.peak_bytes)
+
+
+def test_the_smallest_budget_splits_and_searches_only_the_split_step_when_it_is_surely_lower(monkeypatch):
+    """``budget="min"`` with ``split="auto"`` (eager): the split step's smallest plan peaks far below the
+    bound of every plan of the step as captured (``dependency_lower_bound``), so the unsplit step's smallest
+    plan is never searched; the split plan gives eager's gradients and measures its prediction."""
+    import remat.solvers.planner as planner
+    from remat.capture.split_choice import MIN_GAIN
+    from remat.simulate import dependency_lower_bound
+
+    model, batch = _gpt2(vocab=16000, n_embd=32, batch=2, seq=64)  # logits: 128 x 16000 fp32, 8 MiB
+    _, unsplit = capture_and_plan(model, **batch, solver="store_all", split="off", cache=False, cost_model="flops")
+    bound = dependency_lower_bound(unsplit.graph)
+    searched = []
+    smallest_plan = planner.smallest_plan
+    monkeypatch.setattr(planner, "smallest_plan", lambda graph, *a, **k: searched.append(len(graph.nodes))
+                        or smallest_plan(graph, *a, **k))
+    eager_loss, eager = _grads(copy.deepcopy(model), **batch)
+    wrapped = remat.optimize(copy.deepcopy(model), **batch, budget="min", cache=False, cost_model="flops",
+                            time_limit=5)
+    plan = wrapped.plan
+    assert plan.info["split"]["chunks"] >= 2 and plan.peak_bytes < bound * (1 - MIN_GAIN)
+    assert searched and len(unsplit.graph.nodes) not in searched  # only split steps were searched
+    loss, grads = _grads(wrapped, **batch)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=0)
+    _close(grads, eager)
+    measured = measure_step(lambda: wrapped(**batch).backward(), setup=lambda: wrapped.zero_grad(set_to_none=True),
+                            warmup=1, repeats=1).peak_bytes
+    assert abs(measured - plan.peak_bytes) <= max(0.05 * plan.peak_bytes, 2 * MiB), (measured, plan.peak_bytes)

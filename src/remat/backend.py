@@ -35,7 +35,7 @@ from .execute.optimizer import with_optimizer_steps
 from .execute.runtime import boxed
 from .execute.transfer import make_transfer_meta
 from .solvers.cache import plan_with_cache
-from .simulate import peak_lower_bound
+from .simulate import dependency_lower_bound, peak_lower_bound
 from .solvers.planner import given_plan, plannable_minimum, quick_minimum, resolve, store_all_plan
 from .solvers.warm import warm_plan
 from .solvers.options import BUDGET_ENV, OPTION_NAMES, SOLVER_ENV, BackendOptions
@@ -114,7 +114,8 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     With ``budget="min"``, more chunks while each
     lowers the quick planners' smallest peak by ``MIN_GAIN``, each site graded so where that peak is no
     higher (:func:`~remat.capture.split_choice.smallest_split`), then the smallest plan of that split
-    in full (kept when it beats the unsplit step's by ``MIN_GAIN``). An int: that many chunks, whatever the solver. A
+    in full (kept when it beats the unsplit step's by ``MIN_GAIN``; the unsplit step's is searched only
+    where the split plan does not beat so the bound of every unsplit plan, ``dependency_lower_bound``). An int: that many chunks, whatever the solver. A
     fraction is of the unsplit step's store-all peak, and :class:`InfeasibleBudgetError` names the
     smallest budget over every split tried.
 
@@ -192,10 +193,12 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     if is_min(budget):  # the split from the quick planners (seconds), then one full search
         chosen = smallest_split(factors, sites, lambda k: quick_minimum(chunked(k).graph),
                                 quick_minimum(captured.graph))
+        candidate = None if chosen is None else with_chunks(chosen, budget)
+        if candidate is not None and lower_enough(candidate[1].peak_bytes, dependency_lower_bound(captured.graph)):
+            return candidate  # lower enough than every plan of the step as captured: none is searched
         unsplit = (captured, plan(captured.graph, budget))
-        if chosen is None:
+        if candidate is None:
             return unsplit
-        candidate = with_chunks(chosen, budget)
         return candidate if lower_enough(candidate[1].peak_bytes, unsplit[1].peak_bytes) else unsplit
     least = refused.min_budget_bytes
     # first the fewest chunks a quick or keep-set plan fits (seconds); only if none does, a full
