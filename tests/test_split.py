@@ -321,20 +321,27 @@ def test_compile_splits_a_step_that_fits_where_a_split_plan_is_predicted_faster(
     assert measured <= budget and abs(measured - plan.peak_bytes) <= max(0.05 * plan.peak_bytes, 2 * MiB)
 
 
-def test_compiles_smallest_budget_splits_below_the_unsplit_floor(compiled_gpt2_min):
+def test_compiles_smallest_budget_splits_below_the_unsplit_floor(compiled_gpt2_min, monkeypatch):
     """``budget="min"`` under Inductor with ``split="auto"`` (the default) looks below the step's floor
     as the eager backend does: the LM head and its loss split into row chunks, a smallest peak well below
     the unsplit step's, measured at most the prediction and near it, gradients as eager's. (The
     partitioner used to split only for a budget the unsplit step missed. Inductor's decomposed loss
     made two sites that kept every chunk alive: its one-hot mask left out, built for all rows at once,
-    and the per-row losses concatenated, which Inductor computes where the concatenation runs.)"""
+    and the per-row losses concatenated, which Inductor computes where the concatenation runs.) The split
+    plan peaks far below the bound of every plan of the step as captured: that step is not planned at all."""
+    import remat.inductor.partition as partition
     from remat.capture.split_choice import MIN_GAIN
 
     model, batch, options, unsplit = compiled_gpt2_min
     eager_loss, eager = _grads(copy.deepcopy(model), **batch)
+    planned_steps = []
+    capture_and_plan_step = partition.RematPartitioner._capture_and_plan
+    monkeypatch.setattr(partition.RematPartitioner, "_capture_and_plan", lambda self, *a, **k: planned_steps.append(
+        k.get("split_step", False)) or capture_and_plan_step(self, *a, **k))
     compiled = remat.compile(copy.deepcopy(model), budget="min", **options)
     plan = compiled.plan
     assert plan.info["split"]["chunks"] >= 2, plan.info
+    assert planned_steps and all(planned_steps), planned_steps  # split steps only
     assert plan.peak_bytes < unsplit.peak_bytes * (1 - MIN_GAIN), (plan.peak_bytes, unsplit.peak_bytes)
     assert plan.peak_bytes < 0.5 * unsplit.peak_bytes  # the LM head's floor: 12.4 against 32.8 MB
     loss, grads = _grads(compiled, **batch)

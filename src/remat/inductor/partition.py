@@ -99,7 +99,7 @@ from ..errors import CaptureError, InfeasibleBudgetError, RematError
 from ..execute import compiled_ops  # noqa: F401  (registers remat's operators before any compiled graph runs)
 from ..execute.lowering import lower
 from ..execute.transfer import make_transfer_meta
-from ..simulate import peak_lower_bound
+from ..simulate import dependency_lower_bound, peak_lower_bound
 from ..solvers.cache import code_fingerprint, plan_with_cache
 from ..solvers.options import BackendOptions
 from ..solvers.planner import given_plan, is_min, plannable_minimum, quick_minimum, resolve, store_all_plan, uses_swaps
@@ -253,10 +253,17 @@ class RematPartitioner(CustomPartitionerFn):
         # a fraction is of the step as captured, unsplit (as in the eager backend), also for a split step
         forced_bytes = (self._unsplit_budget_bytes(planned_gm, num_fwd_outputs, device, costs)
                         if chunks and is_fraction(opts.budget) else None)
+        # budget="min": the split step's smallest plan first; the step as captured is searched only where
+        # that plan is not lower enough than every plan of it (its lower bound)
+        smaller = (self._smallest_split(planned_gm, num_fwd_outputs, device, costs, bucket, key, sizes)
+                   if split == "auto" and not chunks and self._may_split_for_min() else None)
         try:
-            capture, fused, plan = self._capture_and_plan(
-                split_joint(planned_gm, num_fwd_outputs, sites, chunks, sizes) if chunks else planned_gm,
-                num_fwd_outputs, device, costs, bucket, key, split_step=bool(chunks), budget_bytes=forced_bytes)
+            if smaller is not None and lower_enough(smaller[2][2].peak_bytes, smaller[3]):
+                chunks, sites, (capture, fused, plan), _ = smaller
+            else:
+                capture, fused, plan = self._capture_and_plan(
+                    split_joint(planned_gm, num_fwd_outputs, sites, chunks, sizes) if chunks else planned_gm,
+                    num_fwd_outputs, device, costs, bucket, key, split_step=bool(chunks), budget_bytes=forced_bytes)
         except InfeasibleBudgetError as refused:
             sites = find_sites(planned_gm, num_fwd_outputs, sizes) if split == "auto" and opts.solver == "auto" else []
             factors = chunk_counts(sizes, sites, SPLIT_FACTORS)
@@ -292,10 +299,8 @@ class RematPartitioner(CustomPartitionerFn):
                                                           (capture, fused, plan), unsplit_bytes, bucket, key, sizes)
             fused, plan = self._offered_offload(fused, plan, device, unsplit_bytes, bucket)
         else:
-            if split == "auto" and not chunks and self._may_split_for_min():
-                smaller = self._smallest_split(planned_gm, num_fwd_outputs, device, costs, plan, bucket, key, sizes)
-                if smaller is not None:
-                    chunks, sites, (capture, fused, plan) = smaller
+            if smaller is not None and not chunks and lower_enough(smaller[2][2].peak_bytes, plan.peak_bytes):
+                chunks, sites, (capture, fused, plan), _ = smaller
             elif split == "auto" and not chunks and self._may_split_for_speed(plan, bucket):
                 sites, budget_bytes = find_sites(planned_gm, num_fwd_outputs), self.last_budget_bytes
                 faster = self._faster_split(planned_gm, num_fwd_outputs, device, costs, plan, sites, SPLIT_FACTORS,
@@ -389,14 +394,17 @@ class RematPartitioner(CustomPartitionerFn):
         opts = self.options
         return opts.solver == "auto" and opts.plan is None and is_min(opts.budget)
 
-    def _smallest_split(self, planned_gm, num_fwd_outputs, device, costs, unsplit, bucket=None, key=None, sizes=None):
-        """``budget="min"``: (chunks, sites, (capture, fused, plan)) of the step split as
+    def _smallest_split(self, planned_gm, num_fwd_outputs, device, costs, bucket=None, key=None, sizes=None):
+        """``budget="min"``: (chunks, sites, (capture, fused, plan), bound) of the step split as
         :func:`~remat.capture.split_choice.smallest_split` picks from the quick planners' peaks (a count, or
-        each site's), its smallest plan searched in full and taken where it peaks lower than ``unsplit``
-        (the step's as captured) by :func:`~remat.capture.split_choice.lower_enough`; None otherwise. The
-        eager backend's rule."""
+        each site's), its smallest plan searched in full; ``bound``: the step's as captured under every plan
+        (``dependency_lower_bound``). The caller takes it where it peaks lower than the unsplit step's
+        smallest plan, or that bound, by :func:`~remat.capture.split_choice.lower_enough` (the eager
+        backend's rule). None: no split lowers the quick planners' peak, or the split step fails to plan."""
         sites = find_sites(planned_gm, num_fwd_outputs, sizes)
         factors = chunk_counts(sizes, sites, SPLIT_FACTORS) if sites else []
+        if not factors:
+            return None
 
         def split_step(k):
             return split_joint(planned_gm, num_fwd_outputs, sites, k, sizes)
@@ -404,15 +412,16 @@ class RematPartitioner(CustomPartitionerFn):
         def quick_peak(k):
             return quick_minimum(self._capture_and_fuse(split_step(k), num_fwd_outputs, device, costs)[1].graph)
 
-        try:  # the unsplit step has a plan: a split step that fails to capture or plan leaves it
-            chosen = smallest_split(factors, sites, quick_peak, quick_minimum(unsplit.graph))
+        unsplit = self._capture_and_fuse(planned_gm, num_fwd_outputs, device, costs)[1].graph
+        try:  # a split step that fails to capture or plan leaves the step as captured
+            chosen = smallest_split(factors, sites, quick_peak, quick_minimum(unsplit))
             if chosen is None:
                 return None
             planned = self._capture_and_plan(split_step(chosen), num_fwd_outputs, device, costs, bucket, key,
                                              split_step=True)
         except RematError:
             return None
-        return (chosen, sites, planned) if lower_enough(planned[2].peak_bytes, unsplit.peak_bytes) else None
+        return chosen, sites, planned, dependency_lower_bound(unsplit)
 
     def _may_split_for_speed(self, plan, bucket) -> bool:
         """Whether ``split="auto"`` weighs split plans against ``plan``, a fitting plan of the step as
