@@ -83,3 +83,20 @@ def test_lowering_refuses_a_plan_for_another_graph():
     other = remat.plan(_model(), torch.randn(128, 16), cache=False)
     with pytest.raises(PlanGraphMismatchError):
         lower(capture, other)
+
+
+def test_a_saved_plan_that_offloads_runs_when_loaded(tmp_path):
+    """``remat plan ... --save`` then ``optimize(plan=path)`` (the README's workflow): a ``hybrid`` plan
+    offloads, so the loading capture measures the offload tier too (it used to have no transfer costs,
+    and the saved plan was refused as invalid on its own graph)."""
+    model, x = _model(), torch.randn(256, 16)
+    # unit costs: every op as slow as a copy, so the smallest plan swaps (measured costs here recompute)
+    plan = remat.plan(model, x, budget="min", solver="hybrid", cost_model="unit", cache=False, time_limit=5)
+    assert plan.offloaded_values  # the premise: the plan swaps
+    path = tmp_path / "hybrid.json"
+    plan.save(path)
+    eager = _grads(copy.deepcopy(model), x)
+    m = remat.optimize(model, x, plan=str(path), cache=False)
+    assert m.plan.instructions == plan.instructions and m.plan.info.get("given")
+    for a, b in zip(_grads(m, x), eager):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)

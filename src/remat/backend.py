@@ -307,8 +307,9 @@ def _bucketed(joint, num_fwd_outputs: int, capture, plan, opts: BackendOptions, 
 
 def _may_offload(opts: BackendOptions) -> bool:
     """Whether a plan for ``opts`` may offload, and so needs the store's measured bandwidth: not when
-    ``auto`` plans without a budget (store_all then, nothing beats it); any named solver may."""
-    return opts.budget is not None or opts.solver != "auto"
+    ``auto`` plans without a budget (store_all then, nothing beats it); any named solver may, and so
+    may a plan the user passes (a saved ``hybrid`` plan is checked on a graph with transfer costs)."""
+    return opts.budget is not None or opts.solver != "auto" or opts.plan is not None
 
 
 def remat_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):

@@ -466,7 +466,7 @@ class RematPartitioner(CustomPartitionerFn):
         opts = self.options
         capture, fused = captured or self._capture_and_fuse(
             planned_gm, num_fwd_outputs, device, costs,
-            transfer=compiled_transfer_meta(device) if opts.solver in OFFLOADING_SOLVERS else None)
+            transfer=compiled_transfer_meta(device) if opts.solver in OFFLOADING_SOLVERS or opts.plan is not None else None)
         if quick_only and not self._quick_plan_fits(fused, budget_bytes, plannable=keep_set_gate):
             return None  # auto's full search on a split step takes minutes: only where a quick plan fits
         if within is not None and store_all_plan(fused.graph).step_seconds >= within:
