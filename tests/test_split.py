@@ -224,6 +224,8 @@ def test_auto_splits_where_the_budget_needs_it_names_the_floor_over_splits_and_m
     floor = refused.value.min_budget_bytes
     assert floor < 0.6 * unsplit.peak_bytes
     assert "split into up to" in str(refused.value)
+    bound = refused.value.lower_bound_bytes  # the bound of every split step's plans, named as the unsplit one is
+    assert bound is not None and 2 * MiB < bound <= floor and "no plan can peak below" in str(refused.value)
     plan = remat.plan(model, **batch, budget=floor, cache=False, time_limit=5)
     assert plan.peak_bytes <= floor and plan.info["split"]["chunks"] >= 2
 

@@ -219,10 +219,13 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
         except InfeasibleBudgetError as err:
             least = min(least, err.min_budget_bytes)
     store, fixed = store_all_plan(captured.graph).peak_bytes, fixed_bytes(captured.graph)
+    # below the bound of every plan of every split (and of the step as captured): refused without a search
+    bound = min(peak_lower_bound(g) for g in [captured.graph, *(chunked(k).graph for k in factors)])
     raise InfeasibleBudgetError(
         refused.budget_bytes, least, f"with its largest ops split into up to {factors[-1]} chunks",
         solver=refused.solver, budget_fraction=refused.budget_fraction,
-        min_budget_fraction=bytes_to_fraction(least, store, fixed)) from None
+        min_budget_fraction=bytes_to_fraction(least, store, fixed),
+        lower_bound_bytes=bound if refused.budget_bytes < bound else None) from None
 
 
 def _faster_of(baseline, chunked, sites, budget_bytes: int, plan, factors, label: str):
