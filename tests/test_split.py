@@ -481,3 +481,16 @@ def test_the_smallest_budget_splits_and_searches_only_the_split_step_when_it_is_
     measured = measure_step(lambda: wrapped(**batch).backward(), setup=lambda: wrapped.zero_grad(set_to_none=True),
                             warmup=1, repeats=1).peak_bytes
     assert abs(measured - plan.peak_bytes) <= max(0.05 * plan.peak_bytes, 2 * MiB), (measured, plan.peak_bytes)
+
+
+def test_under_inductor_a_budget_below_every_split_names_the_bound_and_the_floor_over_splits():
+    """``remat.compile`` below what any split step reaches: refused before Inductor compiles anything,
+    naming the smallest budget over the splits and the bound no plan of the step, split or not, goes below
+    (``lower_bound_bytes``), as the eager backend does."""
+    model, batch = _gpt2(vocab=32000, n_embd=32, batch=2, seq=128)
+    compiled = remat.compile(copy.deepcopy(model), budget=2 * MiB, cache=False, calibrate=False)
+    with pytest.raises(InfeasibleBudgetError) as refused:
+        compiled(**batch).backward()
+    err = refused.value
+    assert "split into up to" in str(err) and "no plan can peak below" in str(err)
+    assert err.lower_bound_bytes is not None and 2 * MiB < err.lower_bound_bytes <= err.min_budget_bytes

@@ -366,13 +366,15 @@ class RematPartitioner(CustomPartitionerFn):
         count. Counts whose lower bound (:func:`~remat.simulate.peak_lower_bound`) is above the budget are
         not searched. Raises the refusal, naming the least budget any count reaches, where none plans."""
         least = refused.min_budget_bytes
+        bounds = []  # each split step's: no plan of it peaks below
         for i, k in enumerate(factors):
             step = split_joint(planned_gm, num_fwd_outputs, sites, k, sizes)
             captured = self._capture_and_fuse(step, num_fwd_outputs, device, costs)
             graph = captured[1].graph
             least = min(least, quick_minimum(graph))
             budget = budget_bytes if budget_bytes is not None else resolve(graph, self.options.budget)
-            if budget < peak_lower_bound(graph):
+            bounds.append(peak_lower_bound(graph))
+            if budget < bounds[-1]:
                 continue
             try:
                 reused = captured if self.options.solver not in OFFLOADING_SOLVERS else None  # same transfer costs
@@ -384,10 +386,12 @@ class RematPartitioner(CustomPartitionerFn):
             raise refused
         unsplit = self._capture_and_fuse(planned_gm, num_fwd_outputs, device, costs)[1].graph
         store, fixed = store_all_plan(unsplit).peak_bytes, fixed_bytes(unsplit)
+        bound = min([peak_lower_bound(unsplit), *bounds])  # below every plan of the step, split or not
         raise InfeasibleBudgetError(
             refused.budget_bytes, least, f"with its largest ops split into up to {factors[-1]} chunks",
             solver=refused.solver, budget_fraction=refused.budget_fraction,
-            min_budget_fraction=bytes_to_fraction(least, store, fixed)) from None
+            min_budget_fraction=bytes_to_fraction(least, store, fixed),
+            lower_bound_bytes=bound if refused.budget_bytes < bound else None) from None
 
     def _may_split_for_min(self) -> bool:
         """Whether ``split="auto"`` looks below the step's floor for ``budget="min"`` (under ``auto``)."""
