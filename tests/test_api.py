@@ -65,6 +65,22 @@ def test_infeasible_budget_names_the_minimum():
     assert smallest.plan.peak_bytes <= smallest.plan.budget_bytes <= err.min_budget_bytes
 
 
+def test_a_step_with_little_to_free_is_refused_saying_why_and_what_helps():
+    """A small model at a small batch: its gradients are nearly its whole peak, so no fraction below about
+    1 plans. The refusal says so, and names what helps (a larger batch, the optimizer inside the backward);
+    a refusal with room to free says nothing of it."""
+    from remat.errors import LITTLE_TO_FREE, InfeasibleBudgetError
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 10))
+    with pytest.raises(remat.InfeasibleBudgetError) as info:
+        remat.optimize(model, torch.randn(64, 256), budget=0.5, cache=False)
+    err = info.value
+    assert err.min_budget_fraction >= LITTLE_TO_FREE
+    assert "Little of this step can be freed" in str(err) and "optimizer=opt" in str(err) and "larger batch" in str(err)
+    assert "Little" not in str(InfeasibleBudgetError(100, 200, min_budget_fraction=0.5))
+
+
 class Branchy(nn.Module):
     def __init__(self):
         super().__init__()

@@ -7,6 +7,9 @@ class RematError(Exception):
     """Base class of every error remat raises on purpose."""
 
 
+LITTLE_TO_FREE = 0.9  # a smallest plan this far towards store-all's peak: the refusal says why, and what helps
+
+
 class InfeasibleBudgetError(RematError):
     """No plan fits the budget.
 
@@ -47,6 +50,14 @@ class InfeasibleBudgetError(RematError):
             msg = (
                 f"no plan fits a budget of {asked}; the smallest feasible budget {who} is {least}. "
                 f"Raise the budget to at least {raise_to}, pass budget='min', or lower the batch size."
+            )
+        if min_budget_fraction is not None and min_budget_fraction >= LITTLE_TO_FREE:
+            msg += (
+                f" Little of this step can be freed: its smallest plan lies {min_budget_fraction:.0%} of the way from "
+                "the bytes every plan holds (the gradients, the outputs) to the store-everything peak, so a fraction "
+                "below that cannot plan. A larger batch leaves remat more to free (activations grow with it, "
+                "gradients do not), and remat.optimize(..., optimizer=opt) frees each parameter's gradient inside "
+                "the backward."
             )
         if detail:
             msg += f" ({detail})"
