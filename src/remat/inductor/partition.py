@@ -257,13 +257,17 @@ class RematPartitioner(CustomPartitionerFn):
         # that plan is not lower enough than every plan of it (its lower bound)
         smaller = (self._smallest_split(planned_gm, num_fwd_outputs, device, costs, bucket, key, sizes)
                    if split == "auto" and not chunks and self._may_split_for_min() else None)
+        if smaller is not None:
+            min_chunks, min_sites, min_planned, unsplit_captured = smaller
         try:
-            if smaller is not None and lower_enough(smaller[2][2].peak_bytes, smaller[3]):
-                chunks, sites, (capture, fused, plan), _ = smaller
+            if smaller is not None and lower_enough(min_planned[2].peak_bytes,
+                                                    dependency_lower_bound(unsplit_captured[1].graph)):
+                chunks, sites, (capture, fused, plan) = min_chunks, min_sites, min_planned
             else:
                 capture, fused, plan = self._capture_and_plan(
                     split_joint(planned_gm, num_fwd_outputs, sites, chunks, sizes) if chunks else planned_gm,
-                    num_fwd_outputs, device, costs, bucket, key, split_step=bool(chunks), budget_bytes=forced_bytes)
+                    num_fwd_outputs, device, costs, bucket, key, split_step=bool(chunks), budget_bytes=forced_bytes,
+                    captured=unsplit_captured if smaller is not None else None)
         except InfeasibleBudgetError as refused:
             sites = find_sites(planned_gm, num_fwd_outputs, sizes) if split == "auto" and opts.solver == "auto" else []
             factors = chunk_counts(sizes, sites, SPLIT_FACTORS)
@@ -299,8 +303,8 @@ class RematPartitioner(CustomPartitionerFn):
                                                           (capture, fused, plan), unsplit_bytes, bucket, key, sizes)
             fused, plan = self._offered_offload(fused, plan, device, unsplit_bytes, bucket)
         else:
-            if smaller is not None and not chunks and lower_enough(smaller[2][2].peak_bytes, plan.peak_bytes):
-                chunks, sites, (capture, fused, plan), _ = smaller
+            if smaller is not None and not chunks and lower_enough(min_planned[2].peak_bytes, plan.peak_bytes):
+                chunks, sites, (capture, fused, plan) = min_chunks, min_sites, min_planned
             elif split == "auto" and not chunks and self._may_split_for_speed(plan, bucket):
                 sites, budget_bytes = find_sites(planned_gm, num_fwd_outputs), self.last_budget_bytes
                 faster = self._faster_split(planned_gm, num_fwd_outputs, device, costs, plan, sites, SPLIT_FACTORS,
@@ -399,12 +403,13 @@ class RematPartitioner(CustomPartitionerFn):
         return opts.solver == "auto" and opts.plan is None and is_min(opts.budget)
 
     def _smallest_split(self, planned_gm, num_fwd_outputs, device, costs, bucket=None, key=None, sizes=None):
-        """``budget="min"``: (chunks, sites, (capture, fused, plan), bound) of the step split as
+        """``budget="min"``: (chunks, sites, (capture, fused, plan), unsplit) of the step split as
         :func:`~remat.capture.split_choice.smallest_split` picks from the quick planners' peaks (a count, or
-        each site's), its smallest plan searched in full; ``bound``: the step's as captured under every plan
-        (``dependency_lower_bound``). The caller takes it where it peaks lower than the unsplit step's
-        smallest plan, or that bound, by :func:`~remat.capture.split_choice.lower_enough` (the eager
-        backend's rule). None: no split lowers the quick planners' peak, or the split step fails to plan."""
+        each site's), its smallest plan searched in full; ``unsplit``: (capture, fused graph) of the step as
+        captured, without transfer costs (as ``auto`` captures it). The caller takes the split plan where it
+        peaks lower than the unsplit step's smallest plan, or than ``dependency_lower_bound`` of it (every
+        plan's bound), by :func:`~remat.capture.split_choice.lower_enough` (the eager backend's rule).
+        None: no split lowers the quick planners' peak, or the split step fails to plan."""
         sites = find_sites(planned_gm, num_fwd_outputs, sizes)
         factors = chunk_counts(sizes, sites, SPLIT_FACTORS) if sites else []
         if not factors:
@@ -416,16 +421,16 @@ class RematPartitioner(CustomPartitionerFn):
         def quick_peak(k):
             return quick_minimum(self._capture_and_fuse(split_step(k), num_fwd_outputs, device, costs)[1].graph)
 
-        unsplit = self._capture_and_fuse(planned_gm, num_fwd_outputs, device, costs)[1].graph
+        unsplit = self._capture_and_fuse(planned_gm, num_fwd_outputs, device, costs)
         try:  # a split step that fails to capture or plan leaves the step as captured
-            chosen = smallest_split(factors, sites, quick_peak, quick_minimum(unsplit))
+            chosen = smallest_split(factors, sites, quick_peak, quick_minimum(unsplit[1].graph))
             if chosen is None:
                 return None
             planned = self._capture_and_plan(split_step(chosen), num_fwd_outputs, device, costs, bucket, key,
                                              split_step=True)
         except RematError:
             return None
-        return chosen, sites, planned, dependency_lower_bound(unsplit)
+        return chosen, sites, planned, unsplit
 
     def _may_split_for_speed(self, plan, bucket) -> bool:
         """Whether ``split="auto"`` weighs split plans against ``plan``, a fitting plan of the step as
