@@ -82,16 +82,16 @@ def test_a_kept_set_over_the_budget_is_not_scheduled_and_changes_no_plan(monkeyp
     clear_caches()
     plan = solve("keep_set", g, budget)
     planner = keep_set_planner(g)
-    over = [s for s, kept in planner._kept.items() if kept and sum(g.values[v].bytes for v in kept) > budget]
-    assert over and not any((s, lean) in planner._plans for s in over for lean in (False, True))
+    over = [key for key, kept in planner._kept.items() if kept and sum(g.values[v].bytes for v in kept) > budget]
+    assert over and not any(key + (lean,) in planner._plans for key in over for lean in (False, True))
     clear_caches()
     real = KeepSetPlanner.plans_at
     monkeypatch.setattr(KeepSetPlanner, "plans_at",
-                        lambda self, save, limit, budget_bytes=None, over_budget_too=False:
-                        real(self, save, limit, budget_bytes, over_budget_too=True))
+                        lambda self, save, limit, budget_bytes=None, over_budget_too=False, **kw:
+                        real(self, save, limit, budget_bytes, over_budget_too=True, **kw))
     every = solve("keep_set", g, budget)
     assert (every.peak_bytes, every.compute_seconds) == (plan.peak_bytes, plan.compute_seconds)
-    assert all((s, False) in keep_set_planner(g)._plans for s in over)
+    assert all(key + (False,) in keep_set_planner(g)._plans for key in over)
 
 
 def test_auto_also_runs_keep_set_where_it_runs_the_hierarchical_planner():
@@ -143,3 +143,38 @@ def test_a_fractional_lp_still_gives_the_exact_least_without_a_gap():
     exact = solve_milp(g, 100 * store_all.peak_bytes, save_budget_bytes=250, gap=1e-9)
     plan = Plan.from_schedule(g, *model.schedule(model.solve(250)))
     assert plan.compute_seconds == pytest.approx(exact.compute_seconds, rel=1e-9)
+
+
+def test_below_every_plans_bound_the_sweep_takes_kept_sets_near_the_cheapest_and_the_best_one_exact(monkeypatch):
+    """budget 0 (``budget="min"``): nothing fits, so the sweep over save budgets seeks the smallest peak, and
+    each save budget's kept set is taken within SMALLEST_GAP of the least compute (the LP's rounding, where
+    the exact MILP can spend its time limit at every save budget); the smallest peak's save budget is then
+    solved exactly as well and the better plan kept. At a budget that fits, every kept set is exact (GAP)."""
+    from remat.models import registry as zoo
+    from remat.solvers import keep_set as ks
+    from remat.solvers.planner import clear_caches
+
+    ex = zoo.build("gpt2", size="tiny")
+    g = remat.plan(ex.model, *ex.args, **ex.kwargs, budget=1.0, cache=False, split="off").graph
+    model = KeepSetModel(g)
+    solved = []
+    real = KeepSetModel.solve
+    monkeypatch.setattr(KeepSetModel, "solve", lambda self, save, limit=None, gap=0.0:
+                        solved.append((save, gap)) or real(self, save, limit, gap))
+    clear_caches()
+    smallest = solve("keep_set", g, 0)
+    loose = [save for save, gap in solved if gap == ks.SMALLEST_GAP]
+    exact = [save for save, gap in solved if gap == ks.GAP]
+    assert len(loose) == smallest.info["save budgets tried"] and len(exact) == 1 and exact[0] in loose
+    planner = keep_set_planner(g)
+    candidates = [p for (save, gap, lean), p in planner._plans.items()]
+    assert (smallest.peak_bytes, smallest.compute_seconds) == min((p.peak_bytes, p.compute_seconds) for p in candidates)
+    forward = sum(n.cost for n in g.forward_nodes)
+    for save in loose[::4]:  # near the cheapest: within the gap of the exact kept set's recomputation
+        near, least = planner._kept[(save, ks.SMALLEST_GAP)], real(model, save, None, 0.0)
+        recomputed = lambda kept: Plan.from_schedule(g, *model.schedule(kept)).compute_seconds
+        assert recomputed(near) <= recomputed(least) + ks.SMALLEST_GAP * forward + 1e-12
+    solved.clear()
+    clear_caches()
+    fitting = solve("keep_set", g, (smallest.peak_bytes + solve("store_all", g, None).peak_bytes) // 2)
+    assert solved and all(gap == ks.GAP for _, gap in solved) and fitting.peak_bytes > 0
