@@ -149,7 +149,8 @@ def test_below_every_plans_bound_the_sweep_takes_kept_sets_near_the_cheapest_and
     """budget 0 (``budget="min"``): nothing fits, so the sweep over save budgets seeks the smallest peak, and
     each save budget's kept set is taken within SMALLEST_GAP of the least compute (the LP's rounding, where
     the exact MILP can spend its time limit at every save budget); the smallest peak's save budget is then
-    solved exactly as well and the better plan kept. At a budget that fits, every kept set is exact (GAP)."""
+    solved exactly as well and the better plan kept; planning at that peak then sweeps no more. At a budget
+    above it, every kept set is exact (GAP)."""
     from remat.models import registry as zoo
     from remat.solvers import keep_set as ks
     from remat.solvers.planner import clear_caches
@@ -174,7 +175,8 @@ def test_below_every_plans_bound_the_sweep_takes_kept_sets_near_the_cheapest_and
         near, least = planner._kept[(save, ks.SMALLEST_GAP)], real(model, save, None, 0.0)
         recomputed = lambda kept: Plan.from_schedule(g, *model.schedule(kept)).compute_seconds
         assert recomputed(near) <= recomputed(least) + ks.SMALLEST_GAP * forward + 1e-12
-    solved.clear()
+    solved.clear()  # budget="min" then plans at that peak: the sweep's answer, not a sweep again
+    assert solve("keep_set", g, smallest.peak_bytes) is planner._smallest and not solved
     clear_caches()
     fitting = solve("keep_set", g, (smallest.peak_bytes + solve("store_all", g, None).peak_bytes) // 2)
     assert solved and all(gap == ks.GAP for _, gap in solved) and fitting.peak_bytes > 0
