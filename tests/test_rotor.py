@@ -361,6 +361,7 @@ def test_pareto_captures_once_and_marks_infeasible_budgets():
     costs = [p.compute_seconds for p in front["hierarchical"] if p is not None]
     assert costs == sorted(costs)
     assert "MiB" in front.table()
+    assert str(front) == front.table() and repr(front).startswith("ParetoFront(solvers=['rotor'")  # not a raw dict
     with pytest.raises(SolverError, match="unknown solver"):
         remat.pareto(ex.model, *ex.args, solvers=["nope"], **ex.kwargs)
 

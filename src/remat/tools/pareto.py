@@ -30,7 +30,8 @@ class ParetoFront(dict):
     """``front[solver]``: one :class:`Plan` per budget (``None`` where the solver found none within it).
 
     ``front.budgets`` are the budgets in bytes, ``front.store_all_peak`` the unplanned step's peak,
-    ``front.fixed_bytes`` the part of it no plan changes (see :mod:`remat.budget`).
+    ``front.fixed_bytes`` the part of it no plan changes (see :mod:`remat.budget`). ``print(front)``
+    prints :meth:`table`.
     """
 
     budgets: list[int]
@@ -48,6 +49,13 @@ class ParetoFront(dict):
                 cells.append(f"{'—':>22}" if p is None else f"{p.overhead * 100:+8.1f}% {p.peak_bytes / 2**20:9.1f} MiB")
             rows.append(f"{b / 2**20:8.1f} MiB" + "".join(cells))
         return "\n".join(rows)
+
+    def __str__(self) -> str:  # print(front): the table, not every plan's fields
+        return self.table()
+
+    def __repr__(self) -> str:
+        return (f"ParetoFront(solvers={list(self)}, budgets={len(self.budgets)}, "
+                f"store_all_peak={self.store_all_peak / 2**20:.1f} MiB)")
 
     def plot(self, path=None, **kwargs):
         """Overhead against budget, one line per solver (:func:`remat.tools.plots.plot_pareto`)."""
