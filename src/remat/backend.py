@@ -21,11 +21,12 @@ import torch._functorch.config
 from torch._dynamo import register_backend
 from torch._dynamo.backends.common import aot_autograd
 
-from .budget import bytes_to_fraction, fixed_bytes, is_fraction, is_min
+from .budget import fixed_bytes, is_fraction, is_min
 from .capture import capture_joint, joint_device
 from .capture.shapes import is_dynamic
 from .capture.split import FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_info, split_joint
-from .capture.split_choice import NOT_FASTER, faster_chunks, graded_chunks, lower_enough, smallest_split
+from .capture.split_choice import (NOT_FASTER, faster_chunks, graded_chunks, lower_enough, refused_over_splits,
+                                   smallest_split)
 from .capture.split_sizes import SymbolicSizes, chunk_counts
 from .cost import make_cost_fn, make_workspace_fn
 from .errors import InfeasibleBudgetError, RematError, through_dynamo
@@ -221,11 +222,7 @@ def _plan_with_splits(joint, num_fwd_outputs: int, captured, capture, plan, opts
     store, fixed = store_all_plan(captured.graph).peak_bytes, fixed_bytes(captured.graph)
     # below the bound of every plan of every split (and of the step as captured): refused without a search
     bound = min(peak_lower_bound(g) for g in [captured.graph, *(chunked(k).graph for k in factors)])
-    raise InfeasibleBudgetError(
-        refused.budget_bytes, least, f"with its largest ops split into up to {factors[-1]} chunks",
-        solver=refused.solver, budget_fraction=refused.budget_fraction,
-        min_budget_fraction=bytes_to_fraction(least, store, fixed),
-        lower_bound_bytes=bound if refused.budget_bytes < bound else None) from None
+    raise refused_over_splits(refused, least, factors[-1], store, fixed, bound) from None
 
 
 def _faster_of(baseline, chunked, sites, budget_bytes: int, plan, factors, label: str):

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..budget import bytes_to_fraction
+from ..errors import InfeasibleBudgetError
 from .split import FASTER_SPLIT_GAIN, FASTER_SPLIT_OVERHEAD, Site
 
 MIN_GAIN = 0.02  # budget="min": a larger split factor must lower the peak by this fraction to be tried further
@@ -125,4 +127,18 @@ def graded_chunks(chosen: tuple, sites: list[Site], plan_for: Callable[[tuple], 
     return (counts, graded) if better else chosen
 
 
-__all__ = ["MIN_GAIN", "NOT_FASTER", "faster_chunks", "graded_chunks", "lower_enough", "site_chunks", "smallest_split"]
+
+def refused_over_splits(refused: InfeasibleBudgetError, least: int, most_chunks: int, store_all_peak: int,
+                        fixed: int, bound: int) -> InfeasibleBudgetError:
+    """The refusal of a budget no split plans (both lowerings): the least budget over the splits tried, in
+    bytes and as a fraction of the step as captured (its store-all peak and ``fixed`` bytes), and
+    ``bound``, the least bound of every plan of the step split or not, where the budget is below it."""
+    return InfeasibleBudgetError(
+        refused.budget_bytes, least, f"with its largest ops split into up to {most_chunks} chunks",
+        solver=refused.solver, budget_fraction=refused.budget_fraction,
+        min_budget_fraction=bytes_to_fraction(least, store_all_peak, fixed),
+        lower_bound_bytes=bound if refused.budget_bytes < bound else None)
+
+
+__all__ = ["MIN_GAIN", "NOT_FASTER", "faster_chunks", "graded_chunks", "lower_enough", "refused_over_splits",
+           "site_chunks", "smallest_split"]

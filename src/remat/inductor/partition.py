@@ -88,10 +88,11 @@ from typing import Any
 import torch
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
-from ..budget import bytes_to_fraction, fixed_bytes, is_fraction
+from ..budget import fixed_bytes, is_fraction
 from ..capture import capture_joint, joint_device
 from ..capture.split import FASTER_SPLIT_OVERHEAD, SPLIT_FACTORS, SPLIT_FIRST_SOLVER, find_sites, split_info, split_joint
-from ..capture.split_choice import NOT_FASTER, faster_chunks, graded_chunks, lower_enough, smallest_split
+from ..capture.split_choice import (NOT_FASTER, faster_chunks, graded_chunks, lower_enough, refused_over_splits,
+                                    smallest_split)
 from ..capture.shapes import bucket_key, concrete_joint, guard_bucket, is_dynamic, name_bucket, refuse_unless_monotone
 from ..capture.split_sizes import SymbolicSizes, chunk_counts
 from ..cost import INDUCTOR_COST_MODEL, make_cost_fn, make_workspace_fn
@@ -257,8 +258,7 @@ class RematPartitioner(CustomPartitionerFn):
         # that plan is not lower enough than every plan of it (its lower bound)
         smaller = (self._smallest_split(planned_gm, num_fwd_outputs, device, costs, bucket, key, sizes)
                    if split == "auto" and not chunks and self._may_split_for_min() else None)
-        if smaller is not None:
-            min_chunks, min_sites, min_planned, unsplit_captured = smaller
+        min_chunks, min_sites, min_planned, unsplit_captured = smaller or (None, None, None, None)
         try:
             if smaller is not None and lower_enough(min_planned[2].peak_bytes,
                                                     dependency_lower_bound(unsplit_captured[1].graph)):
@@ -267,7 +267,7 @@ class RematPartitioner(CustomPartitionerFn):
                 capture, fused, plan = self._capture_and_plan(
                     split_joint(planned_gm, num_fwd_outputs, sites, chunks, sizes) if chunks else planned_gm,
                     num_fwd_outputs, device, costs, bucket, key, split_step=bool(chunks), budget_bytes=forced_bytes,
-                    captured=unsplit_captured if smaller is not None else None)
+                    captured=unsplit_captured)
         except InfeasibleBudgetError as refused:
             sites = find_sites(planned_gm, num_fwd_outputs, sizes) if split == "auto" and opts.solver == "auto" else []
             factors = chunk_counts(sizes, sites, SPLIT_FACTORS)
@@ -391,11 +391,7 @@ class RematPartitioner(CustomPartitionerFn):
         unsplit = self._capture_and_fuse(planned_gm, num_fwd_outputs, device, costs)[1].graph
         store, fixed = store_all_plan(unsplit).peak_bytes, fixed_bytes(unsplit)
         bound = min([peak_lower_bound(unsplit), *bounds])  # below every plan of the step, split or not
-        raise InfeasibleBudgetError(
-            refused.budget_bytes, least, f"with its largest ops split into up to {factors[-1]} chunks",
-            solver=refused.solver, budget_fraction=refused.budget_fraction,
-            min_budget_fraction=bytes_to_fraction(least, store, fixed),
-            lower_bound_bytes=bound if refused.budget_bytes < bound else None) from None
+        raise refused_over_splits(refused, least, factors[-1], store, fixed, bound) from None
 
     def _may_split_for_min(self) -> bool:
         """Whether ``split="auto"`` looks below the step's floor for ``budget="min"`` (under ``auto``)."""

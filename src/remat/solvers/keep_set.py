@@ -263,6 +263,9 @@ class KeepSetPlanner:
         def left() -> float:
             return time_limit - (time.perf_counter() - start)
 
+        def per_solve() -> float:  # each MILP's time limit
+            return min(SOLVE_TIME_LIMIT, max(left(), 0.1))
+
         def fits(p: Plan) -> bool:
             return budget_bytes is None or p.peak_bytes <= budget_bytes
 
@@ -275,7 +278,7 @@ class KeepSetPlanner:
         for save in grid:  # largest first, down to the first whose cheapest kept set's plain schedule fits
             if left() <= 0:
                 break
-            found[save] = self.plans_at(save, min(SOLVE_TIME_LIMIT, max(left(), 0.1)), budget_bytes, gap=gap)
+            found[save] = self.plans_at(save, per_solve(), budget_bytes, gap=gap)
             if found[save] and fits(found[save][0]):
                 # the plain schedule of the cheapest kept set fits: keeping less never costs less compute
                 # (the optimum is monotone in the save budget, and a lean schedule costs at least as much)
@@ -292,18 +295,17 @@ class KeepSetPlanner:
                     if high - low <= 1 or left() <= 0:
                         break
                     mid = (low + high) // 2
-                    found[mid] = self.plans_at(mid, min(SOLVE_TIME_LIMIT, max(left(), 0.1)), budget_bytes)
+                    found[mid] = self.plans_at(mid, per_solve(), budget_bytes)
                     low, high = (mid, high) if any(fits(p) for p in found[mid]) else (low, mid)
         candidates = [p for plans in found.values() for p in plans]
         if budget_bytes is not None and not any(fits(p) for p in candidates):
             # nothing fits: the smallest peak is the answer, among the schedules of every set kept
-            candidates = [p for s in found for p in self.plans_at(s, None, budget_bytes, over_budget_too=True, gap=gap)]
+            every = {s: self.plans_at(s, None, budget_bytes, over_budget_too=True, gap=gap) for s in found}
+            candidates = [p for plans in every.values() for p in plans]
             if smallest and candidates and left() > 0:  # the smallest peak's save budget, its kept set exact too
                 lowest = cheapest_fitting(candidates, budget_bytes)
-                save = next(s for s in found if any(p is lowest for p in self.plans_at(s, None, budget_bytes,
-                                                                                          over_budget_too=True, gap=gap)))
-                candidates += self.plans_at(save, min(SOLVE_TIME_LIMIT, max(left(), 0.1)), budget_bytes,
-                                            over_budget_too=True)
+                save = next(s for s, plans in every.items() if any(p is lowest for p in plans))
+                candidates += self.plans_at(save, per_solve(), budget_bytes, over_budget_too=True)
         if not candidates:
             raise SolverError(f"keep_set found no schedule for {self.graph.name!r} in {time_limit:.0f} s")
         plan = copy.copy(cheapest_fitting(candidates, budget_bytes))  # the memoised one stays as it is
