@@ -393,6 +393,8 @@ def solve_cpsat(
     infeasible answer is the MILP's."""
     from ortools.sat.python import cp_model
 
+    from .checkmate import proven_smallest
+
     began = time.perf_counter()
     limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
     if budget_bytes is not None and budget_bytes < fixed_order_lower_bound(graph):
@@ -402,6 +404,8 @@ def solve_cpsat(
     most = most_copies(graph)
     copies = most if copies is None or budget_bytes is None else min(copies, most)
     candidates = _warm_candidates(graph, budget_bytes, warm_plans, baselines)
+    if budget_bytes is None and (proven := proven_smallest(graph, candidates)) is not None:
+        return proven  # a quick plan peaks at the lower bound: nothing to search
     line = Timeline.of(graph, _windows(graph))
     warm, stages = next(((p, st) for p in candidates if (st := recomputations(p, line)) is not None), (None, None))
     if stages:  # room for the warm start's recomputations, so that the search starts from a plan
