@@ -106,6 +106,39 @@ def test_below_the_smallest_peak_returns_the_smallest_peak_plan():
     assert cheapest_plan(g, smallest.peak_bytes) is not None
 
 
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_a_smallest_peak_at_the_lower_bound_is_returned_unsearched_and_is_the_smallest(data):
+    """The smallest peak: where a quick plan peaks at the lower bound of every plan in the graph's order,
+    the MILP and CP-SAT return it without building a model (``info["proof"]``); it is never above
+    what the MILP finds searching (without the quick plans), and no plan of the exhaustive search
+    peaks lower."""
+    from remat.simulate import fixed_order_lower_bound
+    from remat.solvers.checkmate import solve_milp
+    from remat.solvers.cpsat import solve_cpsat
+
+    g = random_training_graph(data.draw)
+    milp, cp = solve_milp(g, None), solve_cpsat(g, None)
+    searched = solve_milp(g, None, warm_start=False)  # the MILP's own answer
+    assert searched.info["status"] == "optimal"
+    assert milp.peak_bytes == cp.peak_bytes <= searched.peak_bytes
+    assert cheapest_plan(g, milp.peak_bytes - 1) is None
+    for plan in (milp, cp):
+        assert "proof" not in plan.info or plan.peak_bytes <= fixed_order_lower_bound(g), plan.info
+        assert plan.info["status"] == "optimal"
+
+
+def test_the_smallest_peak_of_a_chain_is_proven_by_a_quick_plan_at_the_bound():
+    from remat.simulate import fixed_order_lower_bound
+    from remat.solvers.checkmate import solve_milp
+
+    for n in (4, 8):
+        g = chain(n=n, size=100)
+        plan = solve_milp(g, None)
+        assert plan.peak_bytes == fixed_order_lower_bound(g) and "proof" in plan.info and plan.solver != "checkmate"
+        assert cheapest_plan(g, plan.peak_bytes - 1) is None and cheapest_plan(g, plan.peak_bytes) is not None
+
+
 def test_plan_records_model_size_gap_and_warm_start():
     g = chain(n=8, size=100)
     budget = (solve("store_all", g, None).peak_bytes + solve("checkpoint_all", g, None).peak_bytes) // 2
