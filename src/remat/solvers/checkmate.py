@@ -91,6 +91,12 @@ def warm_start_plans(graph: Graph, budget_bytes: int | None) -> list[Plan]:
     return plans
 
 
+def smallest_first_plans(graph: Graph) -> list[Plan]:
+    """The quick planners' smallest plans of ``graph`` (each asked at budget 0), smallest peak first, then
+    the cheapest: where the exact solvers' smallest-peak searches start."""
+    return sorted(warm_start_plans(graph, 0), key=lambda p: (p.peak_bytes, p.compute_seconds))
+
+
 def proven_smallest(graph: Graph, plans) -> Plan | None:
     """The plan of smallest peak among ``plans`` when it peaks at :func:`~remat.simulate.fixed_order_lower_bound`
     (or below it): then no plan of the exact solvers' space (each backward node once, in the graph's
@@ -100,11 +106,10 @@ def proven_smallest(graph: Graph, plans) -> Plan | None:
     The quick planners reach it often: on seven of ten small zoo graphs (U-Net, ResNet and GPT-2
     among them) checkpoint_all's or Chen's greedy plan peaks at the bound, where the MILP spent its
     10 s proving nothing smaller exists, or stopped at its time limit without proving it."""
-    bound = fixed_order_lower_bound(graph)
-    at_bound = [p for p in plans if p.peak_bytes <= bound]
-    if not at_bound:
+    best = min(plans, key=lambda p: (p.peak_bytes, p.compute_seconds), default=None)
+    if best is None or best.peak_bytes > fixed_order_lower_bound(graph):
         return None
-    best = copy.copy(min(at_bound, key=lambda p: (p.peak_bytes, p.compute_seconds)))
+    best = copy.copy(best)
     best.info = {**best.info, "status": "optimal",
                  "proof": f"peaks at {best.peak_bytes} bytes, the lower bound of every plan in the graph's order"}
     return best
@@ -226,7 +231,9 @@ def solve_milp(
     an infeasible model raises :class:`SolverError` instead of looking for the smallest peak.
     ``quiet``: no warning at the time limit (the plan's ``info`` still says so). ``warm_plans``: more
     plans of ``graph`` to warm-start from (the cheapest that fits both budgets is used); ``baselines=False``:
-    only those (a caller solving many budgets passes the baselines' plans once)."""
+    only those (a caller solving many budgets passes the baselines' plans once). The smallest peak is
+    returned unsearched where a quick plan peaks at the lower bound (:func:`proven_smallest`), unless
+    ``warm_start=False`` (no quick plans: the MILP's own search)."""
     import highspy
 
     start = time.perf_counter()
@@ -234,7 +241,7 @@ def solve_milp(
             and (budget_bytes < fixed_order_lower_bound(graph) or budget_bytes <= infeasible_below(graph, "checkmate"))):
         return _smallest_peak(graph, budget_bytes, time_limit, start, gap, threads)  # infeasible: no model to build
     if budget_bytes is None and warm_start:  # smallest peak: the baseline plans of smallest peak first
-        smallest_first = sorted(warm_start_plans(graph, 0), key=lambda p: (p.peak_bytes, p.compute_seconds))
+        smallest_first = smallest_first_plans(graph)
         proven = proven_smallest(graph, smallest_first)
         if proven is not None:  # one of them peaks at the lower bound: nothing to search
             return proven

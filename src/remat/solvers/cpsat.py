@@ -475,9 +475,9 @@ def solve_cpsat(
 
 def _baselines_smallest(graph: Graph, budget_bytes: int, why: str, info=None) -> Plan:
     """The baselines' plan of smallest peak, over ``budget_bytes``, saying ``why`` (not the minimum)."""
-    from .checkmate import warm_start_plans
+    from .checkmate import smallest_first_plans
 
-    plan = copy_module.copy(min(warm_start_plans(graph, 0), key=lambda p: (p.peak_bytes, p.compute_seconds)))
+    plan = copy_module.copy(smallest_first_plans(graph)[0])
     plan.info = {**plan.info, **(info or {}),
                  "status": f"infeasible at {budget_bytes} bytes: {why}; the baselines' smallest peak shown"}
     return plan
@@ -505,10 +505,10 @@ def most_copies(graph: Graph) -> int:
 
 def _warm_candidates(graph: Graph, budget_bytes: int | None, warm_plans, baselines: bool) -> list[Plan]:
     """Plans to start from, best first: the cheapest that fit (``None``: the smallest peaks)."""
-    from .checkmate import warm_start_plans
+    from .checkmate import smallest_first_plans, warm_start_plans
 
     if budget_bytes is None:
-        return sorted(warm_start_plans(graph, 0), key=lambda p: (p.peak_bytes, p.compute_seconds))
+        return smallest_first_plans(graph)
     plans = (warm_start_plans(graph, budget_bytes) if baselines else []) + list(warm_plans)
     return sorted((p for p in plans if p.peak_bytes <= budget_bytes), key=lambda p: p.compute_seconds)
 
