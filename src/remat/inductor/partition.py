@@ -230,8 +230,15 @@ class RematPartitioner(CustomPartitionerFn):
         self.last_budget_bytes: int | None = None
         self.bucket_budget_bytes: int | None = None  # a fraction's bytes at the largest bucket planned so far
         self.refused: dict = {}  # (bucket, budget bytes) -> the error its planning raised (raised again)
+        self._made: dict = {}  # one call's split steps and captures, made once (see _split_step)
 
     def __call__(self, gm: torch.fx.GraphModule, joint_inputs, *, num_fwd_outputs: int, **_kwargs):
+        try:
+            return self._partition(gm, num_fwd_outputs)
+        finally:
+            self._made.clear()  # the steps weighed are not kept past their call
+
+    def _partition(self, gm: torch.fx.GraphModule, num_fwd_outputs: int):
         started = time.perf_counter()
         install_plan_order_choices()  # before Inductor schedules the two graphs returned here
         install_one_call_per_kernel()
@@ -265,7 +272,7 @@ class RematPartitioner(CustomPartitionerFn):
                 chunks, sites, (capture, fused, plan) = min_chunks, min_sites, min_planned
             else:
                 capture, fused, plan = self._capture_and_plan(
-                    split_joint(planned_gm, num_fwd_outputs, sites, chunks, sizes) if chunks else planned_gm,
+                    self._split_step(planned_gm, num_fwd_outputs, sites, chunks, sizes) if chunks else planned_gm,
                     num_fwd_outputs, device, costs, bucket, key, split_step=bool(chunks), budget_bytes=forced_bytes,
                     captured=unsplit_captured)
         except InfeasibleBudgetError as refused:
@@ -355,7 +362,7 @@ class RematPartitioner(CustomPartitionerFn):
         The plan weighs a split: the step chosen among them is offered the offload tier afterwards, once
         (:meth:`_offered_offload`; for each split weighed, that took a minute on a two-site MLP)."""
         try:
-            return self._capture_and_plan(split_joint(planned_gm, num_fwd_outputs, sites, chunks, sizes), num_fwd_outputs,
+            return self._capture_and_plan(self._split_step(planned_gm, num_fwd_outputs, sites, chunks, sizes), num_fwd_outputs,
                                           device, costs, bucket, key, split_step=True, quick_only=True,
                                           keep_set_gate=plannable, budget_bytes=budget_bytes, within=within,
                                           offload_check=False)
@@ -372,7 +379,7 @@ class RematPartitioner(CustomPartitionerFn):
         least = refused.min_budget_bytes
         bounds = []  # each split step's: no plan of it peaks below
         for i, k in enumerate(factors):
-            step = split_joint(planned_gm, num_fwd_outputs, sites, k, sizes)
+            step = self._split_step(planned_gm, num_fwd_outputs, sites, k, sizes)
             captured = self._capture_and_fuse(step, num_fwd_outputs, device, costs)
             graph = captured[1].graph
             least = min(least, quick_minimum(graph))
@@ -412,7 +419,7 @@ class RematPartitioner(CustomPartitionerFn):
             return None
 
         def split_step(k):
-            return split_joint(planned_gm, num_fwd_outputs, sites, k, sizes)
+            return self._split_step(planned_gm, num_fwd_outputs, sites, k, sizes)
 
         def quick_peak(k):
             return quick_minimum(self._capture_and_fuse(split_step(k), num_fwd_outputs, device, costs)[1].graph)
@@ -500,13 +507,29 @@ class RematPartitioner(CustomPartitionerFn):
                 fused, plan = self._offered_offload(fused, plan, device, budget_bytes, bucket)
         return capture, fused, plan
 
+    def _split_step(self, planned_gm, num_fwd_outputs, sites, chunks, sizes=None) -> torch.fx.GraphModule:
+        """``planned_gm`` with ``sites`` split into ``chunks`` (a count, or one per site), made once per
+        call: a count weighed by a quick plan and then searched in full, or refused and then named in
+        the refusal, is the same step, and its captured graph keeps what its planning learned
+        (smallest peaks, bounds; a 256-token bucket refused under a 9 MiB budget solved the keep-set
+        model's smallest plan twice per count)."""
+        key = ("split", id(planned_gm), id(sites), chunks if isinstance(chunks, int) else tuple(chunks))
+        if key not in self._made:
+            self._made[key] = (split_joint(planned_gm, num_fwd_outputs, sites, chunks, sizes), planned_gm, sites)
+        return self._made[key][0]
+
     def _capture_and_fuse(self, planned_gm, num_fwd_outputs, device, costs, transfer=None):
-        """(capture, fused graph) of one joint graph, with the options' cost and workspace models."""
-        opts = self.options
-        capture = capture_joint(planned_gm, num_fwd_outputs,
-                                cost_fn=costs.node_seconds if costs else make_cost_fn(opts.cost_model, device),
-                                workspace_fn=make_workspace_fn(opts.workspace), transfer=transfer)
-        return capture, fuse(capture, kernel_seconds=costs.kernel_seconds if costs else None)
+        """(capture, fused graph) of one joint graph, with the options' cost and workspace models; made
+        once per call for each graph and transfer costs (see :meth:`_split_step`)."""
+        key = ("captured", id(planned_gm), transfer is not None)
+        if key not in self._made:
+            opts = self.options
+            capture = capture_joint(planned_gm, num_fwd_outputs,
+                                    cost_fn=costs.node_seconds if costs else make_cost_fn(opts.cost_model, device),
+                                    workspace_fn=make_workspace_fn(opts.workspace), transfer=transfer)
+            self._made[key] = (capture, fuse(capture, kernel_seconds=costs.kernel_seconds if costs else None),
+                               planned_gm)
+        return self._made[key][:2]
 
     def _quick_plan_fits(self, fused, budget_bytes: int | None = None, plannable: bool = False) -> bool:
         """Whether store_all or a quick baseline (``plannable``: or the keep-set model) fits the budget
@@ -610,6 +633,7 @@ class RematPartitioner(CustomPartitionerFn):
         state["options"] = dataclasses.replace(self.options, on_plan=None, on_run=None, on_step=None)
         state["last_plan"] = None
         state["refused"] = {}
+        state["_made"] = {}
         return state
 
     def uuid(self) -> str:
