@@ -310,17 +310,18 @@ def schedule_instructions(graph: Graph, forward: Iterable[int], backward: Iterab
     forward = list(forward)
     sequence = forward + list(backward)
     n, boundary_pos = len(sequence), len(forward)
-    values, nodes = graph.values, graph.nodes
-    freeable = (ACTIVATION, TANGENT)
-    forward_outputs = {v for v in graph.forward_outputs if values[v].kind == ACTIVATION}
-    backward_outputs = {v for v in graph.backward_outputs if values[v].kind in freeable}
+    outputs_of, freeable_inputs_of = _schedule_reads(graph)
+    kinds = [v.kind for v in graph.values]
+    forward_outputs = {v for v in graph.forward_outputs if kinds[v] == ACTIVATION}
+    backward_outputs = {v for v in graph.backward_outputs if kinds[v] in (ACTIVATION, TANGENT)}
     first_make: dict[int, int] = {}  # value -> first position that makes it (a read before that reads nothing)
     first_backward_make: dict[int, int] = {}  # value -> first position >= the boundary that makes it
     for pos, nid in enumerate(sequence):
-        for v in nodes[nid].outputs:
-            first_make.setdefault(v, pos)
-            if pos >= boundary_pos:
-                first_backward_make.setdefault(v, pos)
+        for v in outputs_of[nid]:
+            if v not in first_make:
+                first_make[v] = pos
+            if pos >= boundary_pos and v not in first_backward_make:
+                first_backward_make[v] = pos
     if boundary_pos < n:
         for t in graph.tangents:  # autograd hands them in at the boundary, before its first computation
             first_make.setdefault(t, boundary_pos - 1)
@@ -330,50 +331,66 @@ def schedule_instructions(graph: Graph, forward: Iterable[int], backward: Iterab
     made_later: set[int] = set()  # values made at a position after the walk's
     made_later_in_forward: set[int] = set()  # ... and before the boundary
 
-    def free_after(pos: int, v: int, pinned: bool) -> None:
-        if not pinned:
-            frees_after.setdefault(pos, []).append(v)
-
     for pos in range(n - 1, -1, -1):
-        node = nodes[sequence[pos]]
+        nid = sequence[pos]
         in_forward = pos < boundary_pos
-        for v in node.outputs:
+        freed: list[int] = []  # the values freed right after this position (unpinned last uses)
+        for v in outputs_of[nid]:
             if v not in read_later:
                 pinned = (v in backward_outputs and v not in made_later) or (
                     in_forward and v in forward_outputs and v not in made_later_in_forward)
-                free_after(pos, v, pinned)
-            read_later.discard(v)
+                if not pinned:
+                    freed.append(v)
+            else:
+                read_later.discard(v)
             made_later.add(v)
             if in_forward:
                 made_later_in_forward.add(v)
-        for v in node.inputs:
-            if v in read_later or values[v].kind not in freeable or first_make.get(v, n) >= pos:
+        for v in freeable_inputs_of[nid]:
+            if v in read_later or first_make.get(v, n) >= pos:
                 continue
             read_later.add(v)
-            if in_forward:
-                live_at_boundary = v not in made_later_in_forward
-            else:
-                live_at_boundary = first_backward_make.get(v, n) >= pos
-            pinned = (v in backward_outputs and v not in made_later) or (v in forward_outputs and live_at_boundary)
-            free_after(pos, v, pinned)
+            if v in backward_outputs and v not in made_later:
+                continue  # pinned: the step returns this instance
+            if v in forward_outputs:
+                live_at_boundary = (v not in made_later_in_forward if in_forward
+                                    else first_backward_make.get(v, n) >= pos)
+                if live_at_boundary:
+                    continue  # pinned: the user holds it
+            freed.append(v)
         if pos == boundary_pos:  # autograd hands the tangents in here
             for t in graph.tangents:
-                if t not in read_later:
-                    free_after(pos, t, t in backward_outputs and t not in made_later)
+                if t not in read_later and not (t in backward_outputs and t not in made_later):
+                    freed.append(t)
                 read_later.discard(t)
+        if freed:
+            frees_after[pos] = freed
 
     compute, free = _interned_instructions(graph)
     instructions: list[Instruction] = []
+    append, extend, free_of = instructions.append, instructions.extend, free.__getitem__
     boundary = 0
     for pos, nid in enumerate(sequence):
         if pos == boundary_pos:
             boundary = len(instructions)
-        instructions.append(compute[nid])
-        if pos in frees_after:
-            instructions.extend(free[v] for v in sorted(frees_after[pos]))
+        append(compute[nid])
+        freed = frees_after.get(pos)
+        if freed:
+            freed.sort()
+            extend(map(free_of, freed))
     if boundary_pos == n:
         boundary = len(instructions)
     return tuple(instructions), boundary
+
+
+def _schedule_reads(graph: Graph) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """For every node of ``graph``: the values it makes, and the values it reads that a schedule
+    frees (activations and tangents), made once per graph (the hybrid's greedy builds thousands of
+    schedules of one graph)."""
+    freeable = (ACTIVATION, TANGENT)
+    return graph.memo.cached(("schedule reads", len(graph.nodes), len(graph.values)), lambda: (
+        [tuple(node.outputs) for node in graph.nodes],
+        [tuple(v for v in node.inputs if graph.values[v].kind in freeable) for node in graph.nodes]))
 
 
 def _interned_instructions(graph: Graph) -> tuple[list[Instruction], list[Instruction]]:
