@@ -256,21 +256,37 @@ class _Grower:
     def grow(self, seeded: bool = False) -> Site | None:
         if not seeded and not self.try_add(self.site.seed):
             return None
+        # Each round offers every reader of the site's large split values, then every producer of a
+        # large value its ops read by rows, to try_add, in the site's order, until a round adds nothing.
+        # An offer that can no longer succeed (a reader or producer in the site or in another, a value
+        # made inside) is dropped for the later rounds: a round walks the site's frontier, not the
+        # whole site (the same offers in the same order otherwise; 7.9 s on a 446-op GPT-2 step before)
+        readers: list[list[fx.Node]] = []  # per value of the site, in its order: readers still offered
+        reads: list[tuple[fx.Node, list[fx.Node]]] = []  # per op of the site, in its order: inputs still offered
         changed = True
         while changed:
             changed = False
-            for value, state in list(self.site.states.items()):
-                if state.split and self._large(value):
-                    for user in list(value.users):
-                        if user.target is not operator.getitem:
-                            changed |= self.try_add(user)
-            for op in list(self.site.splits):
-                for arg in op.all_input_nodes:
-                    if arg in self.site.states or not self._large(arg):
-                        continue
-                    if not self.site.reads.get((op, arg), WHOLE).split:
+            values = list(self.site.states.items())
+            readers += [[u for u in value.users if u.target is not operator.getitem]
+                        if state.split and self._large(value) else [] for value, state in values[len(readers):]]
+            for users in readers[:len(values)]:
+                for user in list(users):
+                    if user in self.site.splits or user in self.taken:
+                        users.remove(user)
+                    else:
+                        changed |= self.try_add(user)
+            ops = list(self.site.splits)
+            reads += [(op, list(op.all_input_nodes)) for op in ops[len(reads):]]
+            for op, args in reads[:len(ops)]:
+                for arg in list(args):
+                    if arg in self.site.states or not self._large(arg) or (
+                            not self.site.reads.get((op, arg), WHOLE).split):
+                        args.remove(arg)  # made inside now, small, or read whole: for good
                         continue
                     producer = arg.args[0] if arg.target is operator.getitem else arg
+                    if producer in self.taken:
+                        args.remove(arg)
+                        continue
                     changed |= self.try_add(producer)
         site = self._with_small_results_reduced()
         if site is not None or self.closing:
@@ -286,19 +302,19 @@ class _Grower:
         Inductor a concatenation computes its inputs where it runs, after every chunk: the LM head's
         per-row losses, gathered from each chunk's log-probabilities, kept all eight chunks alive.)"""
         before = (dict(self.site.states), dict(self.site.splits), dict(self.site.reads))
-        inside = self.site.splits.keys() | self.site.states.keys()
+        splits, states = self.site.splits, self.site.states
         grown, changed = False, True
         while changed:
             changed = False
-            for value, state in list(self.site.states.items()):
+            for value, state in list(states.items()):
                 if not state.split or _nbytes(value) >= self.large or val(value).numel() > self.site.rows * state.per:
                     continue  # only values of one number per row
                 for user in list(value.users):
-                    if user in inside or user.target is operator.getitem or _nbytes(user) > _nbytes(value):
+                    if user in splits or user in states or user.target is operator.getitem or (
+                            _nbytes(user) > _nbytes(value)):
                         continue
                     if self.try_add(user):
                         changed = grown = True
-                        inside = self.site.splits.keys() | self.site.states.keys()
         site = self._checked()
         if site is None and grown:
             self.site.states, self.site.splits, self.site.reads = before  # (copies the growth left alone)
