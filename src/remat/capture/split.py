@@ -260,7 +260,7 @@ class _Grower:
         # large value its ops read by rows, to try_add, in the site's order, until a round adds nothing.
         # An offer that can no longer succeed (a reader or producer in the site or in another, a value
         # made inside) is dropped for the later rounds: a round walks the site's frontier, not the
-        # whole site (the same offers in the same order otherwise; 7.9 s on a 446-op GPT-2 step before)
+        # whole site (the same offers in the same order otherwise; a 446-op GPT-2 step: 8.1 -> 6.6 s)
         readers: list[list[fx.Node]] = []  # per value of the site, in its order: readers still offered
         reads: list[tuple[fx.Node, list[fx.Node]]] = []  # per op of the site, in its order: inputs still offered
         changed = True
