@@ -310,10 +310,7 @@ def schedule_instructions(graph: Graph, forward: Iterable[int], backward: Iterab
     forward = list(forward)
     sequence = forward + list(backward)
     n, boundary_pos = len(sequence), len(forward)
-    outputs_of, freeable_inputs_of = _schedule_reads(graph)
-    kinds = [v.kind for v in graph.values]
-    forward_outputs = {v for v in graph.forward_outputs if kinds[v] == ACTIVATION}
-    backward_outputs = {v for v in graph.backward_outputs if kinds[v] in (ACTIVATION, TANGENT)}
+    outputs_of, freeable_inputs_of, forward_outputs, backward_outputs = _schedule_reads(graph)
     first_make: dict[int, int] = {}  # value -> first position that makes it (a read before that reads nothing)
     first_backward_make: dict[int, int] = {}  # value -> first position >= the boundary that makes it
     for pos, nid in enumerate(sequence):
@@ -383,14 +380,19 @@ def schedule_instructions(graph: Graph, forward: Iterable[int], backward: Iterab
     return tuple(instructions), boundary
 
 
-def _schedule_reads(graph: Graph) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
-    """For every node of ``graph``: the values it makes, and the values it reads that a schedule
-    frees (activations and tangents), made once per graph (the hybrid's greedy builds thousands of
-    schedules of one graph)."""
-    freeable = (ACTIVATION, TANGENT)
-    return graph.memo.cached(("schedule reads", len(graph.nodes), len(graph.values)), lambda: (
-        [tuple(node.outputs) for node in graph.nodes],
-        [tuple(v for v in node.inputs if graph.values[v].kind in freeable) for node in graph.nodes]))
+def _schedule_reads(graph: Graph) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]], set[int], set[int]]:
+    """What :func:`schedule_instructions` reads of ``graph``, made once per graph (the hybrid's greedy
+    builds thousands of schedules of one graph): for every node the values it makes and the values
+    it reads that a schedule frees (activations and tangents); the forward outputs that are
+    activations; the backward outputs a schedule could free."""
+    def make():
+        freeable = (ACTIVATION, TANGENT)
+        kinds = [v.kind for v in graph.values]
+        return ([tuple(node.outputs) for node in graph.nodes],
+                [tuple(v for v in node.inputs if kinds[v] in freeable) for node in graph.nodes],
+                {v for v in graph.forward_outputs if kinds[v] == ACTIVATION},
+                {v for v in graph.backward_outputs if kinds[v] in freeable})
+    return graph.memo.cached(("schedule reads", len(graph.nodes), len(graph.values)), make)
 
 
 def _interned_instructions(graph: Graph) -> tuple[list[Instruction], list[Instruction]]:

@@ -513,23 +513,23 @@ class RematPartitioner(CustomPartitionerFn):
         the refusal, is the same step, and its captured graph keeps what its planning learned
         (smallest peaks, bounds; a 256-token bucket refused under a 9 MiB budget solved the keep-set
         model's smallest plan twice per count)."""
-        key = ("split", id(planned_gm), id(sites), chunks if isinstance(chunks, int) else tuple(chunks))
+        # (the graph module keys itself; the list of sites by id, held in the entry so that it stays its own)
+        key = ("split", planned_gm, id(sites), chunks if isinstance(chunks, int) else tuple(chunks))
         if key not in self._made:
-            self._made[key] = (split_joint(planned_gm, num_fwd_outputs, sites, chunks, sizes), planned_gm, sites)
+            self._made[key] = (split_joint(planned_gm, num_fwd_outputs, sites, chunks, sizes), sites)
         return self._made[key][0]
 
     def _capture_and_fuse(self, planned_gm, num_fwd_outputs, device, costs, transfer=None):
         """(capture, fused graph) of one joint graph, with the options' cost and workspace models; made
         once per call for each graph and transfer costs (see :meth:`_split_step`)."""
-        key = ("captured", id(planned_gm), transfer is not None)
+        key = ("captured", planned_gm, transfer is not None)
         if key not in self._made:
             opts = self.options
             capture = capture_joint(planned_gm, num_fwd_outputs,
                                     cost_fn=costs.node_seconds if costs else make_cost_fn(opts.cost_model, device),
                                     workspace_fn=make_workspace_fn(opts.workspace), transfer=transfer)
-            self._made[key] = (capture, fuse(capture, kernel_seconds=costs.kernel_seconds if costs else None),
-                               planned_gm)
-        return self._made[key][:2]
+            self._made[key] = (capture, fuse(capture, kernel_seconds=costs.kernel_seconds if costs else None))
+        return self._made[key]
 
     def _quick_plan_fits(self, fused, budget_bytes: int | None = None, plannable: bool = False) -> bool:
         """Whether store_all or a quick baseline (``plannable``: or the keep-set model) fits the budget
