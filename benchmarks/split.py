@@ -323,10 +323,11 @@ def optimizer_rows(quick: bool):
     return rows, notes
 
 
-def max_batch_rows(limit: int, start: int = 1, max_batch: int = 40):
+def max_batch_rows(limit: int, start: int = 1, max_batch: int = 40, only: set[str] | None = None):
     """``remat.max_batch_size`` on the 32k-vocabulary GPT-2 (sequence 256) under ``limit`` bytes of step
     memory (parameters, batch and the step; no optimizer state): plain PyTorch, remat without splits,
-    with them, and with them and AdamW (fused) updating each parameter inside the backward."""
+    with them, and with them and AdamW (fused) updating each parameter inside the backward. ``only``:
+    the methods to search, by key (``off``, ``auto``, ``adamw``; None: all)."""
     import torch
 
     import remat
@@ -345,11 +346,13 @@ def max_batch_rows(limit: int, start: int = 1, max_batch: int = 40):
 
     rows = md_header(["method", "largest batch", "x plain PyTorch", "solver of the largest", "search time"])
     results = {}
-    methods = [("remat, split='off'", dict(split="off")), ("remat, split='auto'", {}),
-               ("remat, split='auto', AdamW inside the backward", dict(make_optimizer=adamw))]
+    methods = [("off", "remat, split='off'", dict(split="off")), ("auto", "remat, split='auto'", {}),
+               ("adamw", "remat, split='auto', AdamW inside the backward", dict(make_optimizer=adamw))]
     if start > 1:  # splits only: split='off' stays at plain PyTorch's batch
         methods = methods[1:]
-    for label, options in methods:
+    for key, label, options in methods:
+        if only is not None and key not in only:
+            continue
         t0 = time.perf_counter()
         result = remat.max_batch_size(make_model, make_batch, limit, compare_plain=not results, cache=False,
                                       start=start, max_batch=max_batch,
@@ -388,6 +391,9 @@ def main():
     parser.add_argument("--start", type=int, default=1, help="the largest-batch search's first batch")
     parser.add_argument("--max-batch", metavar="MiB", type=int, default=None,
                         help="only the largest-batch search under this many MiB (writes benchmarks/split_batch.md)")
+    parser.add_argument("--methods", default=None,
+                        help="with --max-batch: only these methods, comma-separated (off, auto, adamw); the "
+                             "report is then printed, not written")
     parser.add_argument("--faster", action="store_true",
                         help="only split='auto' where the step fits unsplit (writes benchmarks/split_faster.md)")
     parser.add_argument("--faster-compiled", action="store_true",
@@ -437,9 +443,10 @@ def main():
             f"GPT-2, {GPT2_32K['n_layer']} layers, width {GPT2_32K['n_embd']}, vocabulary {GPT2_32K['vocab']}, "
             f"sequence {GPT2_32K['seq']}; `remat.max_batch_size` under {a.max_batch} MiB of measured step memory "
             f"(parameters, batch and step; no optimizer state), solver `auto`, batches from {a.start} up to 64.", "",
-            *max_batch_rows(a.max_batch * 2**20, a.start, 64), "",
+            *max_batch_rows(a.max_batch * 2**20, a.start, 64, set(a.methods.split(",")) if a.methods else None), "",
             *(["`split='off'` is searched only from batch 1 (its largest batch was plain PyTorch's, 2, in the run "
-               "at b91340b: the LM head sets both floors)."] if a.start > 1 else []), ""], "split_batch.md")
+               "at b91340b: the LM head sets both floors)."] if a.start > 1 else []), ""],
+            None if a.methods else "split_batch.md")
         return
     model, _, kwargs = gpt2(cfg)
     log(f"GPT-2 {cfg}")

@@ -1,6 +1,7 @@
 """BatchNorm CNNs split under ``remat.compile`` (Inductor), against the unsplit step and the eager backend.
 
-Run: ``.venv/bin/python benchmarks/split_bn_compiled.py [--quick]`` (writes ``benchmarks/split_bn_compiled.md``).
+Run: ``.venv/bin/python benchmarks/split_bn_compiled.py [--quick] [--models convbn,cnn_bn,resnet18]`` (writes
+``benchmarks/split_bn_compiled.md`` for the default models, ``convbn,cnn_bn``; prints only for others).
 
 Inductor decomposes a training batch norm before remat sees the step: a ``var_mean`` over the batch
 and the image, and in the backward two sums over them. remat splits those in stages (each chunk's
@@ -43,10 +44,12 @@ def zoo_model(name: str):
     return ex.loss_module(), tuple(ex.args)
 
 
-MODELS = {
-    "ConvBN (16 x 3 x 32 x 32, three batch norms)": conv_bn,
-    "zoo `cnn_bn` small (16 x 3 x 64 x 64)": lambda: zoo_model("cnn_bn"),
+MODELS = {  # key -> (label, builder)
+    "convbn": ("ConvBN (16 x 3 x 32 x 32, three batch norms)", conv_bn),
+    "cnn_bn": ("zoo `cnn_bn` small (16 x 3 x 64 x 64)", lambda: zoo_model("cnn_bn")),
+    "resnet18": ("zoo `resnet18` small (128 x 3 x 64 x 64)", lambda: zoo_model("resnet18")),
 }
+DEFAULT_MODELS = "convbn,cnn_bn"  # the report's; ResNet-18 takes most of an hour on 2 cores
 FRACTION = 0.5  # the README's headline budget
 
 
@@ -106,18 +109,24 @@ def rows_for(label: str, build, rounds: int) -> list[str]:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated, of {', '.join(MODELS)}")
     a = parser.parse_args()
+    keys = a.models.split(",")
+    if unknown := [k for k in keys if k not in MODELS]:
+        parser.error(f"unknown models {unknown}: choose among {', '.join(MODELS)}")
     process_setup()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = md_header(["model", "lowering, budget, split", "chunks", "predicted / measured MiB",
                       "of store-all's predicted peak", "predicted overhead", "compile + plan + first step, s"])
-    for label, build in list(MODELS.items())[: 1 if a.quick else None]:
+    for key in keys[: 1 if a.quick else None]:
+        label, build = MODELS[key]
         rows += rows_for(label, build, rounds=3 if a.quick else 7)
     write_report("split_bn_compiled", "BatchNorm CNNs split under remat.compile", started,
                  "`auto`, `profile` costs, no calibration (the plan as made). Peaks: the step's growth over its "
                  "start (allocator, one step after a warm-up); the fraction is of the unsplit step's store-all "
                  "peak under Inductor. The last row of each model: each compiled plan's measured step over the "
-                 "unsplit smallest plan's (median of per-round ratios, alternating rounds).", rows, save=not a.quick)
+                 "unsplit smallest plan's (median of per-round ratios, alternating rounds).", rows,
+                 save=not a.quick and a.models == DEFAULT_MODELS)
 
 
 if __name__ == "__main__":

@@ -451,6 +451,18 @@ def _split(node, state_of):
     return Split((s,) * len(val(node)), args=lambda a, kw, n: ((a[0], a[1], dim - s.lead + 1), kw))
 
 
+def _slice(node, state_of):
+    """``slice(x, dim, start, end, step)`` along a dim after the row dims (a ``split``'s backward
+    slices the incoming gradient so)."""
+    s = state_of(node.args[0])
+    if not is_rows(s) or len(node.args) < 2 or node.kwargs:
+        return None
+    dim = node.args[1] % val(node.args[0]).dim()
+    if dim < s.lead:
+        return None
+    return Split((s,), args=_with_arg(1, lambda n: dim - s.lead + 1))
+
+
 def _gather(node, state_of):
     """``gather(x, dim, index)`` along a dim after the rows, ``x`` and ``index`` split alike: row by
     row (Inductor's decomposed ``nll_loss`` picks each row's target log-probability so)."""
@@ -552,6 +564,7 @@ RULES: dict[Any, Rule] = {
     aten.unsqueeze.default: _unsqueeze_squeeze,
     aten.cat.default: _cat,
     aten.split.Tensor: _split,
+    aten.slice.Tensor: _slice,
     aten.gather.default: _gather,
     aten.scatter_add.default: _scatter_add,
     aten.split_with_sizes.default: _split,
