@@ -101,6 +101,11 @@ class Matmul(nn.Module):
         return torch.matmul(h, self.weight)
 
 
+def _rotate_half(h):  # rotary embeddings' halves: slices, and their gradients put back in place
+    half = h.shape[-1] // 2
+    return torch.cat([-h[..., half:], h[..., :half]], dim=-1) * h
+
+
 def _unsqueeze_softmax(h):
     return h.unsqueeze(-1).squeeze(-1).softmax(-1) * h
 
@@ -189,6 +194,7 @@ CASES = {
         aten.amax.default, aten.amin.default, aten.var_mean.correction, aten.var.correction, aten.mean.dim]),
     "split and cat": (lambda: Rows(Body(_split_cat)), _rows_args, [
         aten.split.Tensor, aten.slice.Tensor, aten.cat.default]),
+    "rotary halves": (lambda: Rows(Body(_rotate_half)), _rows_args, [aten.slice.Tensor, aten.slice_backward.default]),
     "split with sizes": (lambda: Rows(Body(_split_sizes)), _rows_args, [aten.split_with_sizes.default]),
     "views, transposes and permutes": (lambda: Rows(Body(_views)), _rows_args, [
         aten.view.default, aten.transpose.int, aten.permute.default]),

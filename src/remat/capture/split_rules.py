@@ -463,6 +463,18 @@ def _slice(node, state_of):
     return Split((s,), args=_with_arg(1, lambda n: dim - s.lead + 1))
 
 
+def _slice_backward(node, state_of):
+    """``slice_backward(grad, input_sizes, dim, start, end, step)`` along a dim after the row dims: a
+    slice's gradient, zeros around it, row by row (rotary embeddings' halves in the backward)."""
+    s = state_of(node.args[0])
+    out = val(node)
+    dim = node.args[2] % out.dim()
+    if not is_rows(s) or dim < s.lead or tuple(out.shape[: s.lead]) != tuple(val(node.args[0]).shape[: s.lead]):
+        return None
+    rest = [int(x) for x in out.shape[s.lead:]]
+    return Split((s,), args=lambda a, kw, n: ((a[0], [n * s.per, *rest], dim - s.lead + 1, *a[3:]), kw))
+
+
 def _gather(node, state_of):
     """``gather(x, dim, index)`` along a dim after the rows, ``x`` and ``index`` split alike: row by
     row (Inductor's decomposed ``nll_loss`` picks each row's target log-probability so)."""
@@ -565,6 +577,7 @@ RULES: dict[Any, Rule] = {
     aten.cat.default: _cat,
     aten.split.Tensor: _split,
     aten.slice.Tensor: _slice,
+    aten.slice_backward.default: _slice_backward,
     aten.gather.default: _gather,
     aten.scatter_add.default: _scatter_add,
     aten.split_with_sizes.default: _split,
