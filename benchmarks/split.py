@@ -391,6 +391,7 @@ def main():
     parser.add_argument("--start", type=int, default=1, help="the largest-batch search's first batch")
     parser.add_argument("--max-batch", metavar="MiB", type=int, default=None,
                         help="only the largest-batch search under this many MiB (writes benchmarks/split_batch.md)")
+    parser.add_argument("--upto", type=int, default=64, help="the largest-batch search's largest batch")
     parser.add_argument("--methods", default=None,
                         help="with --max-batch: only these methods, comma-separated (off, auto, adamw); the "
                              "report is then printed, not written")
@@ -442,8 +443,8 @@ def main():
         report("Largest batch with splits", started, [
             f"GPT-2, {GPT2_32K['n_layer']} layers, width {GPT2_32K['n_embd']}, vocabulary {GPT2_32K['vocab']}, "
             f"sequence {GPT2_32K['seq']}; `remat.max_batch_size` under {a.max_batch} MiB of measured step memory "
-            f"(parameters, batch and step; no optimizer state), solver `auto`, batches from {a.start} up to 64.", "",
-            *max_batch_rows(a.max_batch * 2**20, a.start, 64, set(a.methods.split(",")) if a.methods else None), "",
+            f"(parameters, batch and step; no optimizer state), solver `auto`, batches from {a.start} up to {a.upto}.", "",
+            *max_batch_rows(a.max_batch * 2**20, a.start, a.upto, set(a.methods.split(",")) if a.methods else None), "",
             *(["`split='off'` is searched only from batch 1 (its largest batch was plain PyTorch's, 2, in the run "
                "at b91340b: the LM head sets both floors)."] if a.start > 1 else []), ""],
             None if a.methods else "split_batch.md")

@@ -76,7 +76,7 @@ class Body(nn.Module):
         return self.fn(h)
 
 
-def _split_cat(h):  # the split's backward slices the incoming gradient
+def _split_cat(h):  # the cat's backward slices the incoming gradient, the split's concatenates
     a, b = F.gelu(h).split(h.shape[-1] // 2, dim=-1)
     return torch.cat([b, a], dim=-1)
 

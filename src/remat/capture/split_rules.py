@@ -452,8 +452,8 @@ def _split(node, state_of):
 
 
 def _slice(node, state_of):
-    """``slice(x, dim, start, end, step)`` along a dim after the row dims (a ``split``'s backward
-    slices the incoming gradient so)."""
+    """``slice(x, dim, start, end, step)`` along a dim after the row dims (``x[..., :half]``; a
+    ``cat``'s backward slices the incoming gradient so)."""
     s = state_of(node.args[0])
     if not is_rows(s) or len(node.args) < 2 or node.kwargs:
         return None
