@@ -454,13 +454,9 @@ def _split(node, state_of):
 def _slice(node, state_of):
     """``slice(x, dim, start, end, step)`` along a dim after the row dims (``x[..., :half]``; a
     ``cat``'s backward slices the incoming gradient so)."""
-    s = state_of(node.args[0])
-    if not is_rows(s) or len(node.args) < 2 or node.kwargs:
+    if len(node.args) < 2 or node.kwargs:  # (no dim given: dim 0, a row dim)
         return None
-    dim = node.args[1] % val(node.args[0]).dim()
-    if dim < s.lead:
-        return None
-    return Split((s,), args=_with_arg(1, lambda n: dim - s.lead + 1))
+    return _row_wise_over(node, [state_of(node.args[0])], 1)
 
 
 def _slice_backward(node, state_of):
