@@ -33,6 +33,7 @@ from ..graph import Graph
 from ..plan import Plan
 from ..simulate import fixed_order_lower_bound
 from .registry import SOLVERS, register
+from .stage_bound import BOUND_SECONDS, stage_bound
 from .checkmate_model import (Formulation, build, decode, schedule_from_R, set_start, solution_vector, to_highs,
                                value_roles, with_save_budget)
 
@@ -253,6 +254,8 @@ def solve_milp(
                              save_budget_bytes)
     h = to_highs(f)
     info = {"formulation": formulation_info(f)}
+    if budget_bytes is not None and save_budget_bytes is None and f.R:
+        _bound_below(h, f, graph, budget_bytes, time_limit, info)
     warm = None
     if warm_start:
         if budget_bytes is None:  # smallest peak: start from the baseline plan of smallest peak
@@ -309,6 +312,21 @@ def solve_milp(
     plan = _plan_from(graph, f, R_on, solver="checkmate", info=info)
     return finish_exact(plan, budget_bytes, optimal=optimal, quiet=quiet, limit=time_limit or DEFAULT_TIME_LIMIT,
                         gap=info["gap"], detail=f" (HiGHS: {status_name})")
+
+
+def _bound_below(h, f: Formulation, graph: Graph, budget_bytes: int, time_limit, info: dict) -> None:
+    """Add the row "recomputation ≥ the stage bound" (:mod:`remat.solvers.stage_bound`): the MILP's
+    own LP bound is weak on graphs of 100 ops and more; with the row, a plan that meets the stage bound
+    is proven optimal as soon as HiGHS finds it."""
+    import highspy
+
+    limit = (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT) / 10
+    floor = stage_bound(graph, budget_bytes, time_limit=min(BOUND_SECONDS, limit)).cost
+    info["stage bound seconds"] = floor
+    if 0 < floor < math.inf:
+        columns = np.fromiter(f.R.values(), dtype=np.int32, count=len(f.R))
+        costs = np.asarray(f.col_cost, dtype=np.float64)[columns]
+        h.addRow(floor / f.cost_scale * (1 - 1e-9), highspy.kHighsInf, len(columns), columns, costs)
 
 
 def finish_exact(plan: Plan, budget_bytes: int | None, *, optimal: bool, quiet: bool, limit: float, gap, detail="") -> Plan:

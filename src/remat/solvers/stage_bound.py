@@ -1,0 +1,161 @@
+"""A lower bound on the recomputation any plan in the graph's order needs: one stage at a time.
+
+The exact planners (:mod:`remat.solvers.cpsat`, :mod:`remat.solvers.checkmate`) plan in the graph's
+order: stage ``t`` runs node ``t``, and forward nodes are recomputed only between the stages. Take
+the moment node ``t`` runs. With everything kept (store-all), ``here(t)`` bytes are counted then;
+the budget leaves ``excess = here(t) − budget`` to free. A forward value ``v`` made before ``t`` and
+read by a node after it (not by ``t`` itself) may be absent at that moment only if its producer
+``i`` runs again after stage ``t``; that recomputation reads ``i``'s inputs, so each input ``u``
+that store-all no longer holds at ``t`` is held across ``t`` unless its own producer runs again
+after ``t`` too. With ``r_i = 1`` for "``i`` is recomputed in a stage after ``t``"::
+
+    min  Σ_i cost(i) · r_i
+    s.t. Σ_{v live at t, not read by t} bytes(v) · r_producer(v)  −  Σ_u bytes(u) · x_u  ≥  excess
+         x_u ≥ r_i − r_producer(u)     for each input u of i that store-all no longer holds at t
+         r_i = 0 where i's recomputation window ends at t;   r, x ∈ {0, 1}
+
+Every plan in the order satisfies this at every stage (its recomputations after ``t`` are such an
+``r``; each costs at least once), so the largest optimum over the stages bounds its recomputation
+cost from below: a plan of that cost is optimal. Memory is counted as the exact planners' models
+count it, without in-place reuse (the simulator's credit for outputs written into dying inputs).
+Each stage is a small MILP (HiGHS): at most one binary per forward node and per value. The stages
+are solved in order of excess, largest first, within a time limit; any subset of them gives a bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..graph import Graph
+from ..plan import schedule_instructions
+from ..simulate import COMPUTE, simulate
+from .checkmate_model import horizons, recompute_windows, value_roles
+
+BOUND_SECONDS = 5.0  # what the exact planners give the bound: at most this, and a tenth of their time limit
+
+
+@dataclass(frozen=True)
+class StageBound:
+    """``cost``: the bound (in the units of the costs given; ``inf`` when some stage cannot fit the
+    budget however much is recomputed); ``stage``: the node whose stage sets it; ``solved``: stages
+    solved, of ``over`` stages above the budget with everything kept."""
+
+    cost: float
+    stage: int | None
+    solved: int
+    over: int
+
+
+def stage_bound(graph: Graph, budget_bytes: int, *, costs: dict[int, float] | None = None,
+                time_limit: float = BOUND_SECONDS) -> StageBound:
+    """The bound of the module docstring for ``graph`` under ``budget_bytes``; ``costs``: per forward
+    node (default: each node's ``cost``, seconds). Memoised per graph, budget and costs."""
+    key = ("stage bound", int(budget_bytes), None if costs is None else tuple(sorted(costs.items())))
+    return graph.memo.cached(key, lambda: _stage_bound(graph, int(budget_bytes), costs, time_limit))
+
+
+def _stage_bound(graph: Graph, budget: int, costs, time_limit: float) -> StageBound:
+    started = time.perf_counter()
+    model_view = dataclasses.replace(graph, meta={k: v for k, v in graph.meta.items() if k != "inplace_reuse"})
+    num_forward, n = len(graph.forward_nodes), len(graph.nodes)
+    instructions, boundary = schedule_instructions(model_view, range(num_forward), range(num_forward, n))
+    highs = simulate(model_view, instructions, boundary, record_highs=True).highs
+    excess = {ins.target: highs[k] - budget for k, ins in enumerate(instructions)
+              if ins.kind == COMPUTE and highs[k] > budget}
+    if not excess:
+        return StageBound(0.0, None, 0, 0)
+    stages = _Stages(graph, costs)
+    best, where, solved = 0.0, None, 0
+    for t in sorted(excess, key=lambda s: -excess[s]):
+        if solved and time.perf_counter() - started > time_limit:
+            break
+        bound = stages.bound(t, excess[t], max(0.5, time_limit - (time.perf_counter() - started)))
+        solved += 1
+        if bound > best:
+            best, where = bound, t
+        if math.isinf(best):
+            break
+    return StageBound(best, where, solved, len(excess))
+
+
+class _Stages:
+    """The per-stage MILPs of one graph (the recomputation windows and readers computed once)."""
+
+    def __init__(self, graph: Graph, costs):
+        self.graph = graph
+        self.num_forward = len(graph.forward_nodes)
+        self.variable, pinned = value_roles(graph)
+        horizon, _ = horizons(graph, self.variable, set(range(self.num_forward)))
+        windows = recompute_windows(graph, pinned, horizon)
+        self.last_stage = [w[-1] if len(w) else -1 for w in windows]  # the last stage i may run again in
+        self.last_reader = {v: max(graph.users[v], default=-1) for v in self.variable}
+        self.cost = {i: float(costs[i] if costs is not None else graph.nodes[i].cost) for i in range(self.num_forward)}
+
+    def bound(self, t: int, excess: int, time_limit: float) -> float:
+        """The optimum (HiGHS's dual bound) of stage ``t``'s MILP: ``inf`` if nothing fits."""
+        graph, values = self.graph, self.graph.values
+        candidates = [i for i in range(min(t, self.num_forward)) if self.last_stage[i] > t]
+        column = {i: k for k, i in enumerate(candidates)}
+        read_by_t = set(graph.nodes[t].inputs)
+        held = {v for v in self.variable if values[v].producer < t and self.last_reader[v] > t}
+        memory: dict[int, float] = {}  # column -> bytes it adds at t (freed: negative)
+        for v in held - read_by_t:
+            i = values[v].producer
+            if i in column:
+                memory[column[i]] = memory.get(column[i], 0.0) - values[v].bytes
+        num_cols = len(candidates)
+        kept_input: dict[int, int] = {}  # u -> its column x_u
+        rows: list[tuple[dict[int, float], float]] = []  # (coefficients, lower bound)
+        for i in candidates:
+            for u in dict.fromkeys(graph.nodes[i].inputs):
+                if u not in self.variable or u in held or u in read_by_t:
+                    continue  # counted at t already (or never freed)
+                if u not in kept_input:
+                    kept_input[u] = num_cols
+                    memory[num_cols] = float(values[u].bytes)
+                    num_cols += 1
+                row = {kept_input[u]: 1.0, column[i]: -1.0}
+                j = values[u].producer
+                if j in column:
+                    row[column[j]] = 1.0
+                rows.append((row, 0.0))
+        rows.append(({k: -b for k, b in memory.items()}, float(excess)))  # freed − kept inputs ≥ excess
+        col_cost = [self.cost[i] for i in candidates] + [0.0] * (num_cols - len(candidates))
+        return _solve(col_cost, rows, time_limit)
+
+
+def _solve(col_cost: list[float], rows, time_limit: float) -> float:
+    """min col_cost · x over binary x with each row ``Σ coef · x ≥ lower``: the dual bound."""
+    import highspy
+
+    if sum(c for c in rows[-1][0].values() if c > 0) < rows[-1][1]:
+        return math.inf  # freeing every candidate's values is not enough
+    n = len(col_cost)
+    h = highspy.Highs()
+    h.silent()
+    h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("mip_rel_gap", 0.0)
+    h.setOptionValue("mip_abs_gap", 0.0)
+    h.addVars(n, np.zeros(n), np.ones(n))
+    h.changeColsCost(n, np.arange(n, dtype=np.int32), np.asarray(col_cost, dtype=np.float64))
+    h.changeColsIntegrality(n, np.arange(n, dtype=np.int32), np.full(n, highspy.HighsVarType.kInteger))
+    for row, lower in rows:
+        index = np.fromiter(row.keys(), dtype=np.int32, count=len(row))
+        h.addRow(lower, highspy.kHighsInf, len(row), index, np.fromiter(row.values(), dtype=np.float64, count=len(row)))
+    h.run()
+    status = h.getModelStatus()
+    if status == highspy.HighsModelStatus.kInfeasible:
+        return math.inf
+    info = h.getInfo()
+    bound = info.mip_dual_bound
+    if status == highspy.HighsModelStatus.kOptimal:
+        bound = min(info.objective_function_value, bound) if math.isfinite(bound) else info.objective_function_value
+    return max(0.0, float(bound)) if math.isfinite(bound) else 0.0
+
+
+__all__ = ["StageBound", "stage_bound", "BOUND_SECONDS"]
