@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import remat
 from remat import models as zoo
 from remat.solvers import solve
-from remat.solvers.cpsat import solve_cpsat
+from remat.solvers.cpsat import NEGLIGIBLE_OVERHEAD, solve_cpsat
 from remat.solvers.stage_bound import stage_bound
 
 from .exhaustive import cheapest_plan
@@ -55,8 +55,8 @@ def test_the_bound_never_exceeds_the_cheapest_plan_on_chains_and_is_infinite_whe
 
 def test_cpsat_proves_a_plan_that_meets_the_bound_optimal_where_its_own_bound_is_weak():
     """The zoo's MLP (63 ops) at 70%: CP-SAT alone stops at its time limit with a gap (the test of
-    that in ``test_cpsat.py`` takes the stage bound away); with it, its plan is proven optimal in well
-    under a second, the bound being the plan's recomputation exactly or within CP-SAT's tolerance."""
+    that in ``test_cpsat.py`` takes the stage bound away); with it, its plan is proven optimal in about
+    a second, the bound being the plan's recomputation or below it by less than CP-SAT's tolerance."""
     ex = zoo.build("mlp", size="small")
     graph = remat.plan(ex.model, *ex.args, solver="store_all").graph
     for fraction in (0.8, 0.6):
@@ -66,11 +66,12 @@ def test_cpsat_proves_a_plan_that_meets_the_bound_optimal_where_its_own_bound_is
             plan = solve_cpsat(graph, budget, time_limit=30, threads=2)
         assert plan.peak_bytes <= budget and plan.info["status"] == "optimal"
         assert plan.info["solve seconds"] < 10
-        floor = plan.info["stage bound units"]
-        assert 0 < floor <= plan.info["objective_units"] <= floor * (1 + 1e-3)
-        # the bound in seconds is the plan's recomputation, to the rounding of CP-SAT's integer costs
+        assert 0 < plan.info["stage bound units"] <= plan.info["objective_units"]
+        # the bound in seconds: at most the plan's recomputation, and below it by no more than CP-SAT's
+        # tolerance (NEGLIGIBLE_OVERHEAD of the step; its integer costs round each op's)
         extra = plan.compute_seconds - graph.store_all_seconds
-        assert stage_bound(graph, budget).cost == pytest.approx(extra, rel=2e-3)
+        bound = stage_bound(graph, budget).cost
+        assert bound <= extra * (1 + 1e-3) and extra - bound <= (NEGLIGIBLE_OVERHEAD + 1e-4) * graph.store_all_seconds
 
 
 def test_the_bound_ignores_in_place_reuse_as_the_exact_planners_models_do():

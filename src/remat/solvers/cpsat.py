@@ -408,7 +408,7 @@ def solve_cpsat(
         return _smallest_peak(graph, budget_bytes, limit, threads)
     most = most_copies(graph)
     copies = most if copies is None or budget_bytes is None else min(copies, most)
-    candidates = _warm_candidates(graph, budget_bytes, warm_plans, baselines)
+    candidates = _warm_candidates(graph, budget_bytes, warm_plans, baselines, limit)
     if budget_bytes is None and (proven := proven_smallest(graph, candidates)) is not None:
         return proven  # a quick plan peaks at the lower bound: nothing to search
     line = Timeline.of(graph, _windows(graph))
@@ -514,13 +514,15 @@ def most_copies(graph: Graph) -> int:
     return 1 + max((len(w) for w in _windows(graph)), default=0)
 
 
-def _warm_candidates(graph: Graph, budget_bytes: int | None, warm_plans, baselines: bool) -> list[Plan]:
+def _warm_candidates(graph: Graph, budget_bytes: int | None, warm_plans, baselines: bool,
+                     time_limit: float | None = None) -> list[Plan]:
     """Plans to start from, best first: the cheapest that fit (``None``: the smallest peaks)."""
-    from .checkmate import smallest_first_plans, warm_start_plans
+    from .checkmate import keep_set_plans, smallest_first_plans, warm_start_plans
 
     if budget_bytes is None:
         return smallest_first_plans(graph)
-    plans = (warm_start_plans(graph, budget_bytes) if baselines else []) + list(warm_plans)
+    plans = (warm_start_plans(graph, budget_bytes) + keep_set_plans(graph, budget_bytes, time_limit)
+             if baselines else []) + list(warm_plans)
     return sorted((p for p in plans if p.peak_bytes <= budget_bytes), key=lambda p: p.compute_seconds)
 
 
