@@ -350,7 +350,8 @@ def _bound_below(h, f: Formulation, graph: Graph, budget_bytes: int, time_limit,
     if 0 < floor < math.inf:
         columns = np.fromiter(f.R.values(), dtype=np.int32, count=len(f.R))
         costs = np.asarray(f.col_cost, dtype=np.float64)[columns]
-        h.addRow(floor / f.cost_scale * (1 - 1e-9), highspy.kHighsInf, len(columns), columns, costs)
+        # (1e-6 below: the stage MILPs' tolerances must never cut the optimum off)
+        h.addRow(floor / f.cost_scale * (1 - 1e-6), highspy.kHighsInf, len(columns), columns, costs)
 
 
 def finish_exact(plan: Plan, budget_bytes: int | None, *, optimal: bool, quiet: bool, limit: float, gap, detail="") -> Plan:

@@ -427,7 +427,8 @@ def solve_cpsat(
         floor = stage_bound(graph, budget_bytes, costs=model.cost_units, time_limit=min(BOUND_SECONDS, limit / 10))
         info["stage bound units"] = floor.cost
         if model.present and 0 < floor.cost < math.inf:
-            cp.add(recomputation >= math.ceil(floor.cost - 1e-6))
+            # (1e-6 below: HiGHS's tolerances must never cut the optimum off)
+            cp.add(recomputation >= math.ceil(floor.cost * (1 - 1e-6)))
     if warm is not None and hint(model, stages):
         info["warm start"] = f"{warm.solver} ({warm.overhead * 100:+.1f}%)"
     else:
