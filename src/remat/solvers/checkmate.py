@@ -33,7 +33,7 @@ from ..graph import Graph
 from ..plan import Plan
 from ..simulate import fixed_order_lower_bound
 from .registry import SOLVERS, register, solve
-from .stage_bound import BOUND_SECONDS, stage_bound
+from .stage_bound import stage_bound, time_for_bound
 from .checkmate_model import (Formulation, build, decode, schedule_from_R, set_start, solution_vector, to_highs,
                                value_roles, with_save_budget)
 
@@ -328,7 +328,7 @@ def solve_milp(
     if minimising_cost and not optimal and floor is not None and 0 < floor < math.inf:
         # the stage bound holds whatever HiGHS proved: a plan that meets it is optimal (the gap HiGHS
         # reports before its root LP is solved with the bound's row can even exceed 100%)
-        recomputation = float(np.dot(np.asarray(f.col_cost), x)) * f.cost_scale
+        recomputation = _objective(h, x) * f.cost_scale  # (the columns' costs are the recomputations')
         info["gap"] = min(info["gap"] if info["gap"] is not None else 1.0, max(0.0, 1 - floor / recomputation))
         if recomputation <= floor * (1 + 1e-6):
             optimal = True
@@ -344,8 +344,8 @@ def _bound_below(h, f: Formulation, graph: Graph, budget_bytes: int, time_limit,
     is proven optimal as soon as HiGHS finds it."""
     import highspy
 
-    limit = (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT) / 10
-    floor = stage_bound(graph, budget_bytes, time_limit=min(BOUND_SECONDS, limit)).cost
+    limit = time_for_bound(time_limit if time_limit is not None else DEFAULT_TIME_LIMIT)
+    floor = stage_bound(graph, budget_bytes, time_limit=limit).cost
     info["stage bound seconds"] = floor
     if 0 < floor < math.inf:
         columns = np.fromiter(f.R.values(), dtype=np.int32, count=len(f.R))

@@ -55,7 +55,7 @@ from ..plan import Plan
 from ..simulate import COMPUTE, fixed_order_lower_bound
 from .checkmate_model import horizons, recompute_windows, value_roles
 from .registry import SOLVERS, register
-from .stage_bound import BOUND_SECONDS, stage_bound
+from .stage_bound import stage_bound, time_for_bound
 
 DEFAULT_TIME_LIMIT = 120.0
 DEFAULT_COPIES = 3
@@ -417,14 +417,14 @@ def solve_cpsat(
         copies = max(copies, min(most, 1 + max(len(ts) for ts in stages.values())))
     model = build_model(graph, budget_bytes, copies=copies)
     cp = model.cp
+    info = {"model": dict(model.info), "setup seconds": 0.0}
     if budget_bytes is None:
         cp.minimize(model.capacity)
     else:
         recomputation = sum(model.cost_units[i] * lit for (i, _), lit in model.present.items())
         cp.minimize(recomputation)
-    info = {"model": dict(model.info), "setup seconds": 0.0}
-    if budget_bytes is not None:  # no plan in the order costs less: CP-SAT's bound starts there
-        floor = stage_bound(graph, budget_bytes, costs=model.cost_units, time_limit=min(BOUND_SECONDS, limit / 10))
+        # no plan in the order costs less: CP-SAT's bound starts there
+        floor = stage_bound(graph, budget_bytes, costs=model.cost_units, time_limit=time_for_bound(limit))
         info["stage bound units"] = floor.cost
         if model.present and 0 < floor.cost < math.inf:
             # (1e-6 below: HiGHS's tolerances must never cut the optimum off)

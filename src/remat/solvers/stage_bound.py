@@ -39,6 +39,11 @@ from .checkmate_model import horizons, recompute_windows, value_roles
 BOUND_SECONDS = 5.0  # what the exact planners give the bound: at most this, and a tenth of their time limit
 
 
+def time_for_bound(solver_time_limit: float) -> float:
+    """The time an exact planner with ``solver_time_limit`` gives :func:`stage_bound`."""
+    return min(BOUND_SECONDS, solver_time_limit / 10)
+
+
 @dataclass(frozen=True)
 class StageBound:
     """``cost``: the bound (in the units of the costs given; ``inf`` when some stage cannot fit the
@@ -158,4 +163,4 @@ def _solve(col_cost: list[float], rows, time_limit: float) -> float:
     return max(0.0, float(bound)) if math.isfinite(bound) else 0.0
 
 
-__all__ = ["StageBound", "stage_bound", "BOUND_SECONDS"]
+__all__ = ["StageBound", "stage_bound", "time_for_bound", "BOUND_SECONDS"]
