@@ -103,7 +103,7 @@ def test_at_its_time_limit_cpsat_returns_its_best_plan_with_the_gap_and_says_so(
     # 63 ops that CP-SAT alone does not prove in 30 s at 70% (with the stage bound: in 0.4 s)
     monkeypatch.setattr(cpsat, "stage_bound", lambda *a, **k: StageBound(0.0, None, 0, 0))
     ex = zoo.build("mlp", size="small")
-    graph = remat.plan(ex.model, *ex.args, solver="store_all").graph
+    graph = remat.plan(ex.model, *ex.args, solver="store_all", cost_model="flops").graph
     budget = int(0.7 * solve("store_all", graph, None).peak_bytes)
     with pytest.warns(SolverTimeLimitWarning, match="cpsat stopped at its time limit"):
         plan = solve_cpsat(graph, budget, time_limit=1.0, threads=2)

@@ -20,6 +20,21 @@ cost from below: a plan of that cost is optimal. Memory is counted as the exact 
 count it, without in-place reuse (the simulator's credit for outputs written into dying inputs).
 Each stage is a small MILP (HiGHS): at most one binary per forward node and per value. The stages
 are solved in order of excess, largest first, within a time limit; any subset of them gives a bound.
+
+*Joint* bound over the stages solved: one recomputation serves every stage before it up to the
+next reader of the value it restores, but no stage past that reader. Split the stages after node
+``i`` at the readers of ``i``'s values into segments; ``y_{i,k} = 1`` when ``i`` runs again at
+least once in segment ``k``, ``a_{v,t} = 1`` when value ``v`` is absent while node ``t`` runs::
+
+    min  Σ_{i,k} cost(i) · y_{i,k}
+    s.t. a_{v,t} ≤ Σ_{k meeting (t, next reader of v after t]} y_{producer(v),k}
+         x_{u,t} + Σ_{k after t} y_{producer(u),k} ≥ a_{v,t}   for each input u of producer(v)
+                                                       that store-all no longer holds at t
+         Σ_v bytes(v) · a_{v,t} − Σ_u bytes(u) · x_{u,t} ≥ excess(t)      for each stage t
+
+A plan's recomputations give such ``y`` (each counted once per segment it falls in), so the optimum
+bounds it too, and it is at least each stage's own: the U-Net of the zoo at half its peak, +3.14%
+of the step where the stages alone give +2.92% and CP-SAT's best plan after 300 s is +3.19%.
 """
 
 from __future__ import annotations
@@ -27,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from bisect import bisect_left
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +70,7 @@ class StageBound:
     stage: int | None
     solved: int
     over: int
+    joint: float = 0.0  # the joint bound over the stages solved (0 when not computed in time)
 
 
 def stage_bound(graph: Graph, budget_bytes: int, *, costs: dict[int, float] | None = None,
@@ -85,7 +102,12 @@ def _stage_bound(graph: Graph, budget: int, costs, time_limit: float) -> StageBo
             best, where = bound, t
         if math.isinf(best):
             break
-    return StageBound(best, where, solved, len(excess))
+    joint = 0.0
+    left = time_limit - (time.perf_counter() - started)
+    if solved > 1 and not math.isinf(best) and left > 0:
+        chosen = sorted(excess, key=lambda s: -excess[s])[:solved]
+        joint = stages.joint({t: excess[t] for t in chosen}, left)
+    return StageBound(max(best, joint), where, solved, len(excess), joint)
 
 
 class _Stages:
@@ -100,6 +122,63 @@ class _Stages:
         self.last_stage = [w[-1] if len(w) else -1 for w in windows]  # the last stage i may run again in
         self.last_reader = {v: max(graph.users[v], default=-1) for v in self.variable}
         self.cost = {i: float(costs[i] if costs is not None else graph.nodes[i].cost) for i in range(self.num_forward)}
+        users = graph.users
+        self.readers = {}  # forward node -> the sorted stages that read its variable values: its segments' ends
+        for i in range(self.num_forward):
+            stages = set()
+            for v in graph.nodes[i].outputs:
+                if v in self.variable:
+                    stages.update(users[v])
+            self.readers[i] = sorted(stages)
+
+    def _segments(self, i: int, after: int, until: int) -> range:
+        """The segments of node ``i`` (split at its readers) that meet the stages ``(after, until]``."""
+        return range(bisect_left(self.readers[i], after + 1), bisect_left(self.readers[i], until) + 1)
+
+    def joint(self, excess: dict[int, int], time_limit: float) -> float:
+        """The joint bound (module docstring) over the stages in ``excess``: HiGHS's dual bound."""
+        graph, values, users = self.graph, self.graph.values, self.graph.users
+        col_cost: list[float] = []
+        segment_column: dict[tuple[int, int], int] = {}
+
+        def recomputed(i: int, k: int) -> int:
+            if (i, k) not in segment_column:
+                segment_column[(i, k)] = len(col_cost)
+                col_cost.append(self.cost[i])
+            return segment_column[(i, k)]
+
+        rows: list[tuple[dict[int, float], float]] = []
+        for t, over in excess.items():
+            read_by_t = set(graph.nodes[t].inputs)
+            held = {v for v in self.variable if values[v].producer < t and self.last_reader[v] > t}
+            memory: dict[int, float] = {}
+            kept_input: dict[int, int] = {}
+            for v in sorted(held - read_by_t):
+                i = values[v].producer
+                if self.last_stage[i] <= t:
+                    continue  # i cannot run again after t: v stays
+                absent = len(col_cost)
+                col_cost.append(0.0)
+                memory[absent] = float(values[v].bytes)
+                until = min(min(u for u in users[v] if u > t), self.last_stage[i])
+                row = {recomputed(i, k): 1.0 for k in self._segments(i, t, until)}
+                rows.append(({**row, absent: -1.0}, 0.0))
+                for u in dict.fromkeys(graph.nodes[i].inputs):
+                    if u not in self.variable or u in held or u in read_by_t:
+                        continue
+                    if u not in kept_input:
+                        kept_input[u] = len(col_cost)
+                        col_cost.append(0.0)
+                        memory[kept_input[u]] = -float(values[u].bytes)
+                    j = values[u].producer
+                    row = {kept_input[u]: 1.0, absent: -1.0}
+                    if self.last_stage[j] > t:
+                        row.update({recomputed(j, k): 1.0 for k in self._segments(j, t, self.last_stage[j])})
+                    rows.append((row, 0.0))
+            if sum(b for b in memory.values() if b > 0) < over:
+                return math.inf
+            rows.append((memory, float(over)))
+        return _solve(col_cost, rows, time_limit)
 
     def bound(self, t: int, excess: int, time_limit: float) -> float:
         """The optimum (HiGHS's dual bound) of stage ``t``'s MILP: ``inf`` if nothing fits."""
