@@ -93,7 +93,8 @@ def _stage_bound(graph: Graph, budget: int, costs, time_limit: float) -> StageBo
         return StageBound(0.0, None, 0, 0)
     stages = _Stages(graph, costs)
     best, where, solved = 0.0, None, 0
-    for t in sorted(excess, key=lambda s: -excess[s]):
+    order = sorted(excess, key=lambda s: -excess[s])  # largest excess first
+    for t in order:
         if solved and time.perf_counter() - started > time_limit:
             break
         bound = stages.bound(t, excess[t], max(0.5, time_limit - (time.perf_counter() - started)))
@@ -105,8 +106,7 @@ def _stage_bound(graph: Graph, budget: int, costs, time_limit: float) -> StageBo
     joint = 0.0
     left = time_limit - (time.perf_counter() - started)
     if solved > 1 and not math.isinf(best) and left > 0:
-        chosen = sorted(excess, key=lambda s: -excess[s])[:solved]
-        joint = stages.joint({t: excess[t] for t in chosen}, left)
+        joint = stages.joint({t: excess[t] for t in order[:solved]}, left)
     return StageBound(max(best, joint), where, solved, len(excess), joint)
 
 
@@ -131,13 +131,27 @@ class _Stages:
                     stages.update(users[v])
             self.readers[i] = sorted(stages)
 
+    def _across(self, t: int) -> tuple[set[int], set[int]]:
+        """(values node ``t`` reads, variable values store-all holds across stage ``t``: made before it,
+        read after it)."""
+        values = self.graph.values
+        held = {v for v in self.variable if values[v].producer < t and self.last_reader[v] > t}
+        return set(self.graph.nodes[t].inputs), held
+
+    def _inputs_to_hold(self, i: int, read_by_t: set[int], held: set[int]):
+        """The inputs of ``i`` a recomputation after stage ``t`` needs that store-all no longer holds
+        at ``t`` (nor counts there: ``t`` does not read them), each once."""
+        for u in dict.fromkeys(self.graph.nodes[i].inputs):
+            if u in self.variable and u not in held and u not in read_by_t:
+                yield u
+
     def _segments(self, i: int, after: int, until: int) -> range:
         """The segments of node ``i`` (split at its readers) that meet the stages ``(after, until]``."""
         return range(bisect_left(self.readers[i], after + 1), bisect_left(self.readers[i], until) + 1)
 
     def joint(self, excess: dict[int, int], time_limit: float) -> float:
         """The joint bound (module docstring) over the stages in ``excess``: HiGHS's dual bound."""
-        graph, values, users = self.graph, self.graph.values, self.graph.users
+        values, users = self.graph.values, self.graph.users
         col_cost: list[float] = []
         segment_column: dict[tuple[int, int], int] = {}
 
@@ -149,8 +163,7 @@ class _Stages:
 
         rows: list[tuple[dict[int, float], float]] = []
         for t, over in excess.items():
-            read_by_t = set(graph.nodes[t].inputs)
-            held = {v for v in self.variable if values[v].producer < t and self.last_reader[v] > t}
+            read_by_t, held = self._across(t)
             memory: dict[int, float] = {}
             kept_input: dict[int, int] = {}
             for v in sorted(held - read_by_t):
@@ -163,9 +176,7 @@ class _Stages:
                 until = min(min(u for u in users[v] if u > t), self.last_stage[i])
                 row = {recomputed(i, k): 1.0 for k in self._segments(i, t, until)}
                 rows.append(({**row, absent: -1.0}, 0.0))
-                for u in dict.fromkeys(graph.nodes[i].inputs):
-                    if u not in self.variable or u in held or u in read_by_t:
-                        continue
+                for u in self._inputs_to_hold(i, read_by_t, held):
                     if u not in kept_input:
                         kept_input[u] = len(col_cost)
                         col_cost.append(0.0)
@@ -175,18 +186,15 @@ class _Stages:
                     if self.last_stage[j] > t:
                         row.update({recomputed(j, k): 1.0 for k in self._segments(j, t, self.last_stage[j])})
                     rows.append((row, 0.0))
-            if sum(b for b in memory.values() if b > 0) < over:
-                return math.inf
             rows.append((memory, float(over)))
         return _solve(col_cost, rows, time_limit)
 
     def bound(self, t: int, excess: int, time_limit: float) -> float:
         """The optimum (HiGHS's dual bound) of stage ``t``'s MILP: ``inf`` if nothing fits."""
-        graph, values = self.graph, self.graph.values
+        values = self.graph.values
         candidates = [i for i in range(min(t, self.num_forward)) if self.last_stage[i] > t]
         column = {i: k for k, i in enumerate(candidates)}
-        read_by_t = set(graph.nodes[t].inputs)
-        held = {v for v in self.variable if values[v].producer < t and self.last_reader[v] > t}
+        read_by_t, held = self._across(t)
         memory: dict[int, float] = {}  # column -> bytes it adds at t (freed: negative)
         for v in held - read_by_t:
             i = values[v].producer
@@ -196,9 +204,7 @@ class _Stages:
         kept_input: dict[int, int] = {}  # u -> its column x_u
         rows: list[tuple[dict[int, float], float]] = []  # (coefficients, lower bound)
         for i in candidates:
-            for u in dict.fromkeys(graph.nodes[i].inputs):
-                if u not in self.variable or u in held or u in read_by_t:
-                    continue  # counted at t already (or never freed)
+            for u in self._inputs_to_hold(i, read_by_t, held):
                 if u not in kept_input:
                     kept_input[u] = num_cols
                     memory[num_cols] = float(values[u].bytes)
