@@ -64,7 +64,10 @@ def test_keep_set_solver_returns_the_cheapest_fitting_plan_of_the_save_budgets_i
     assert plan.solver == "keep_set" and plan.peak_bytes <= budget < store_all.peak_bytes
     tried = list(keep_set_planner(g)._plans.values())
     assert len(tried) > 2 * 21 // 2, "a grid of save budgets, plain and lean schedules, then bisection"
-    assert min(p.compute_seconds for p in tried if p.peak_bytes <= budget) == plan.compute_seconds
+    cheapest_tried = min(p.compute_seconds for p in tried if p.peak_bytes <= budget)
+    # recompute_less takes out of the cheapest ones what the budget does not need
+    assert plan.compute_seconds == cheapest_tried or (plan.compute_seconds < cheapest_tried
+                                                      and plan.info["recomputations taken out"] > 0)
     assert smallest.peak_bytes == min(p.peak_bytes for p in tried)
     with pytest.raises(SolverError, match="keep_set takes no options"):
         solve("keep_set", g, budget, gap=0.1)
