@@ -48,7 +48,7 @@ def graph_of(spec):
     else:
         ex = zoo.build(spec[0], size=spec[1])
         model, args, kwargs = ex.model, ex.args, ex.kwargs
-    store, _ = capture_and_plan(model, *args, **kwargs, budget=None, solver="store_all")
+    store, _ = capture_and_plan(model, *args, **kwargs, budget=None, solver="store_all", cost_model="flops")
     graph = store.graph
     level = resolve_level(graph, "auto")
     if level is not None:
