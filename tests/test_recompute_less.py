@@ -8,6 +8,7 @@ from remat.errors import InvalidPlanError
 from remat.plan import Plan
 from remat.solvers import solve
 from remat.solvers.keep_set import KeepSetModel
+from remat.solvers.planner import make_plan
 from remat.solvers.recompute_less import recompute_less, repeated_positions
 
 from .models.helpers import assert_bitwise, assert_close, fresh, optimized, run_step
@@ -15,6 +16,7 @@ from .models.test_equality import reference
 from .models.test_memory import agrees, measured_peak
 from .test_checkmate import random_training_graph
 from .swap_graphs import transfer_chain
+from .test_plan import chain
 
 
 def lean_plan(graph) -> Plan:
@@ -88,3 +90,17 @@ def test_keep_sets_plan_takes_out_recomputations_and_trains_bitwise_and_peaks_as
     assert_close(got, eager)
     graph = plan.graph
     assert agrees(measured_peak(ex, module), plan.peak_bytes, sum(graph.values[t].bytes for t in graph.tangents))
+
+
+def test_autos_plan_keeps_no_recomputation_its_budget_does_not_need():
+    """auto thins every fitting plan it compares (here the hierarchical planner's, which it picks)."""
+    graph = chain(n=120, size=100)
+    budget = int(0.3 * solve("store_all", graph, None).peak_bytes)
+    plan = make_plan(graph, budget)
+    assert plan.solver == "hierarchical" and plan.info["recomputations taken out"] > 0
+    assert plan.peak_bytes <= budget
+    assert plan.compute_seconds < solve("hierarchical", graph, budget).compute_seconds
+    forward, backward = plan.schedule()
+    for k in repeated_positions(forward + backward):
+        shorter = without(plan, k)
+        assert shorter is None or shorter.peak_bytes > budget

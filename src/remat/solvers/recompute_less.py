@@ -25,6 +25,17 @@ Latest first is what measured best. On the zoo U-Net's op graph at half its peak
 
 The lean plan itself recomputes 46 nodes 139 times, at +18.5%.
 
+Most removals that cannot fit are told without simulating (:meth:`_Schedule.peak_without`). Only
+the highs between the node's previous run and the removed one change: each output read again
+later is held from its last read before the removal, each input read by nobody later is freed
+after its last read before it. So a window of the current plan's memory profile, with those bytes
+added and taken away, is the new peak there, in-place reuse and random generator states aside. On
+a 64-layer Llama-style model (6.7k nodes, 0.1 s a simulation) it settled 333 candidates without one
+simulation; 10 s of simulations before.
+
+First of all, the schedule with every repeat taken out (each node once, in the plan's order) is
+tried: when it fits, nothing is cheaper.
+
 A plan with swaps is returned as it is: its reloads are placed against its computations.
 """
 
@@ -141,9 +152,13 @@ def recompute_less(plan: Plan, budget_bytes: int | None, time_limit: float | Non
     repeated = set(repeated_positions(current.sequence))
     if not repeated or current.peak_bytes > budget_bytes:
         return plan
-    once = _Schedule(plan.graph, [nid for k, nid in enumerate(current.sequence) if k not in repeated],
-                     len(set(forward)))
-    if once.peak_bytes <= budget_bytes:  # every node once, in the plan's order: nothing is cheaper
+    once = None
+    try:
+        once = _Schedule(plan.graph, [nid for k, nid in enumerate(current.sequence) if k not in repeated],
+                         len(set(forward)))
+    except InvalidPlanError:
+        pass
+    if once is not None and once.peak_bytes <= budget_bytes:  # every node once, in the plan's order: nothing is cheaper
         current = once
     while current is not once and (time_limit is None or time.perf_counter() - start < time_limit):
         taken = False
