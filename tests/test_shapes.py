@@ -239,7 +239,9 @@ def test_a_warm_plan_that_recomputes_is_planned_in_full_once_its_bucket_has_run_
     monkeypatch.setattr(buckets, "UPGRADE_AFTER", 3)
     model = _gpt2()
     eager = copy.deepcopy(model)
-    m = remat.optimize(model, input_ids=_ids(64), labels=_ids(64), budget=BUDGET, cache=False)
+    # unsplit: a split step's sums over its chunks differ from eager's in rounding, and the gradients here are
+    # compared bitwise (with recompute_less, keep_set's plan of the step split in two can be predicted the faster)
+    m = remat.optimize(model, input_ids=_ids(64), labels=_ids(64), budget=BUDGET, cache=False, split="off")
     seen, made = [], []
     for i, length in enumerate([80, 150, 150, 150, 150]):
         ids = _ids(length)
