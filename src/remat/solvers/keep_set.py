@@ -41,8 +41,8 @@ and the next one up. The cheapest fitting schedules then lose the recomputations
 not need (:func:`~remat.solvers.recompute_less.recompute_less`): a lean schedule recomputes a value
 once per reader, and most of those repeats fit once the rest are gone (the zoo U-Net at half its
 peak: +12.5% of the step down to +3.4%). Such a plan is no longer one kept set plus
-recomputations, but it is cheaper, and it is what the exact solvers start from. ``auto`` runs it beside the hierarchical planner, whose DP over blocks can miss
-such plans. Below every plan's lower bound (``budget="min"`` asks at 0) nothing fits and every save
+recomputations, but it is cheaper, and it is what the exact solvers start from. ``auto`` runs
+``keep_set`` beside the hierarchical planner, whose DP over blocks can miss such plans. Below every plan's lower bound (``budget="min"`` asks at 0) nothing fits and every save
 budget of the grid is tried for the smallest peak; there a kept set within ``SMALLEST_GAP`` of the least
 compute will do (the LP's rounding, milliseconds), and only the smallest peak's save budget is solved
 exactly too.
