@@ -69,7 +69,7 @@ from ..graph import Graph, forget_memos
 from ..plan import Plan
 from ..simulate import dependency_lower_bound, has_transfer_costs, peak_lower_bound
 from .recompute_less import recompute_less
-from .registry import SOLVERS, solve, time_budget
+from .registry import SOLVERS, solve, time_budget, time_left
 
 AUTO_TIME_LIMIT = 30.0
 AUTO_KEEP_SET_SECONDS = 10.0  # auto's time for keep_set (milliseconds per save budget on most graphs)
@@ -482,7 +482,7 @@ def _thinned(graph: Graph, fitting: list[Plan], budget_bytes) -> list[Plan]:
     model the hierarchical planner's plan took 1.9 s to go from +3.55% to +3.30%, still dearer than keep_set's)."""
     order = sorted(fitting, key=lambda p: p.compute_seconds)
     return [p if p.info.get("status") == "optimal" or (k and len(graph.nodes) > AUTO_THIN_ALL_NODES)
-            else recompute_less(p, budget_bytes, AUTO_RECOMPUTE_LESS_SECONDS) for k, p in enumerate(order)]
+            else recompute_less(p, budget_bytes, time_left(AUTO_RECOMPUTE_LESS_SECONDS)) for k, p in enumerate(order)]
 
 
 def _keep_set(graph: Graph, budget_bytes, time_limit) -> Plan | None:
