@@ -479,10 +479,13 @@ def _thinned(graph: Graph, fitting: list[Plan], budget_bytes) -> list[Plan]:
     """``fitting`` without the recomputations the budget does not need (:mod:`remat.solvers.recompute_less`;
     the hierarchical planner's T5 at 70%: +17.5% of the step -> +15.4%): every plan not proven optimal on a
     graph of at most ``AUTO_THIN_ALL_NODES`` ops, else the cheapest only (on a 64-layer Llama-style
-    model the hierarchical planner's plan took 1.9 s to go from +3.55% to +3.30%, still dearer than keep_set's)."""
+    model the hierarchical planner's plan took 1.9 s to go from +3.55% to +3.30%, still dearer than keep_set's).
+    A plan its solver thinned already (keep_set's) is not walked again."""
     order = sorted(fitting, key=lambda p: p.compute_seconds)
-    return [p if p.info.get("status") == "optimal" or (k and len(graph.nodes) > AUTO_THIN_ALL_NODES)
-            else recompute_less(p, budget_bytes, time_left(AUTO_RECOMPUTE_LESS_SECONDS)) for k, p in enumerate(order)]
+    done = [p.info.get("status") == "optimal" or "recomputations taken out" in p.info
+            or (k and len(graph.nodes) > AUTO_THIN_ALL_NODES) for k, p in enumerate(order)]
+    return [p if skip else recompute_less(p, budget_bytes, time_left(AUTO_RECOMPUTE_LESS_SECONDS))
+            for p, skip in zip(order, done)]
 
 
 def _keep_set(graph: Graph, budget_bytes, time_limit) -> Plan | None:

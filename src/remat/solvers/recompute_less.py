@@ -117,13 +117,13 @@ class _Schedule:
         nid = self.sequence[k]
         node = graph.nodes[nid]
         previous, following = self._made_around(nid, k)
-        held = []  # (position after which a value's bytes change, bytes)
+        changes = []  # (position after which a value's bytes change, bytes: + held longer, - freed sooner)
         for v in node.outputs:
             if v not in self.held_to_the_end and self._read_again(v, k, following):
-                held.append((self._last_read_before(v, previous, k), graph.values[v].bytes))
-        if not held:
+                changes.append((self._last_read_before(v, previous, k), graph.values[v].bytes))
+        if not changes:
             return -math.inf
-        start = min(last for last, _ in held)
+        start = min(last for last, _ in changes)
         if k - start <= 1:
             return -math.inf
         for u in set(node.inputs):
@@ -132,9 +132,9 @@ class _Schedule:
                 continue
             made, remade = self._made_around(value.producer, k)
             if not self._read_again(u, k, remade):
-                held.append((max(start, self._last_read_before(u, made, k)), -value.bytes))
+                changes.append((max(start, self._last_read_before(u, made, k)), -value.bytes))
         between = self.highs[start + 1:k].copy()
-        for last, size in held:
+        for last, size in changes:
             between[last - start:] += size
         return float(between.max())
 
@@ -147,6 +147,10 @@ def recompute_less(plan: Plan, budget_bytes: int | None, time_limit: float | Non
     if budget_bytes is None or plan.offloaded_values or plan.peak_bytes > budget_bytes:
         return plan
     start = time.perf_counter()
+
+    def out_of_time() -> bool:
+        return time_limit is not None and time.perf_counter() - start >= time_limit
+
     forward, backward = plan.schedule()
     current = _Schedule(plan.graph, forward + backward, len(forward))  # frees as the trials': after last use
     repeated = set(repeated_positions(current.sequence))
@@ -160,10 +164,10 @@ def recompute_less(plan: Plan, budget_bytes: int | None, time_limit: float | Non
         pass
     if once is not None and once.peak_bytes <= budget_bytes:  # every node once, in the plan's order: nothing is cheaper
         current = once
-    while current is not once and (time_limit is None or time.perf_counter() - start < time_limit):
+    while current is not once and not out_of_time():
         taken = False
         for k in reversed(repeated_positions(current.sequence)):  # later first: earlier positions stay valid
-            if time_limit is not None and time.perf_counter() - start >= time_limit:
+            if out_of_time():
                 break
             if current.peak_without(k) > budget_bytes:
                 continue  # would not fit: no need to simulate
