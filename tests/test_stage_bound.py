@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 import remat
 from remat import models as zoo
 from remat.solvers import solve
+import remat.solvers.stage_bound as stage_bound_module
 from remat.solvers.cpsat import NEGLIGIBLE_OVERHEAD, solve_cpsat
 from remat.solvers.stage_bound import stage_bound
 
@@ -44,6 +45,50 @@ def test_the_bound_never_exceeds_the_cheapest_plan_on_random_dags(data):
                               weight_ops=data.draw(st.booleans()))
     for budget in budgets_around(g):
         assert_below_the_cheapest_plan(g, budget)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(st.data())
+def test_the_joint_bound_following_long_chains_never_exceeds_the_cheapest_plan(data):
+    """The joint bound's chains of absent inputs (``JOINT_DEPTH``, 2 by default) followed 6 deep."""
+    g = random_training_graph(data.draw, max_forward=6, held_outputs=data.draw(st.booleans()),
+                              weight_ops=data.draw(st.booleans()))
+    depth = stage_bound_module.JOINT_DEPTH
+    stage_bound_module.JOINT_DEPTH = 6
+    try:
+        for budget in budgets_around(g):
+            g.memo.clear()
+            assert_below_the_cheapest_plan(g, budget)
+    finally:
+        stage_bound_module.JOINT_DEPTH = depth
+        g.memo.clear()
+
+
+def test_the_joint_bound_restores_a_chain_of_absent_inputs_before_the_reader_that_needs_it(monkeypatch):
+    """The zoo's small U-Net at half its peak (``flops`` costs). Freeing a concatenation's output
+    across the decoder means recomputing it before its next reader, and with it each of its inputs
+    absent then: following those chains two inputs deep raises the bound to +13.76% of the step, from
+    +13.67% one input deep, and CP-SAT's plans (+13.77% to +13.85% in 60 s, measured) are then proven
+    within its tolerance (``NEGLIGIBLE_OVERHEAD``, 0.1% of the step)."""
+    from remat.api import capture_and_plan
+    from remat.cost.flops import FlopsCostModel
+    from remat.cost.machine import Roofline
+
+    ex = zoo.build("unet", size="small")
+    # the roofline fixed (the one measured on the benchmark's machine), so the costs are too
+    roofline = Roofline(flops_per_second=1.475e11, bytes_per_second=1.567e10, op_overhead_seconds=3.9e-6,
+                        device_name="fixed")
+    store, _ = capture_and_plan(ex.model, *ex.args, **ex.kwargs, budget=None, solver="store_all",
+                                cost_model=FlopsCostModel(roofline=roofline).node_seconds)
+    graph = store.graph
+    budget = int(0.5 * store.peak_bytes)
+    bounds = {}
+    for depth in (1, 2):
+        graph.memo.clear()
+        monkeypatch.setattr(stage_bound_module, "JOINT_DEPTH", depth)
+        bounds[depth] = stage_bound(graph, budget).cost / store.compute_seconds
+    graph.memo.clear()
+    assert bounds[1] < 0.1370 and 0.1374 < bounds[2] < 0.1378
 
 
 @pytest.mark.parametrize("n", [3, 6, 9])
