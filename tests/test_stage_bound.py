@@ -13,9 +13,12 @@ from remat import models as zoo
 from remat.solvers import solve
 import remat.solvers.stage_bound as stage_bound_module
 from remat.solvers.cpsat import NEGLIGIBLE_OVERHEAD, solve_cpsat
-from remat.solvers.stage_bound import stage_bound
+from remat.solvers.stage_bound import guided_plan, stage_bound
 
 from .exhaustive import cheapest_plan
+from .models.helpers import assert_bitwise, assert_close, fresh, optimized, run_step
+from .models.test_equality import reference
+from .models.test_memory import agrees, measured_peak
 from .test_checkmate import random_training_graph
 from .test_plan import chain
 
@@ -32,10 +35,14 @@ def assert_below_the_cheapest_plan(graph, budget):
     bound = found.cost
     assert bound >= found.joint  # the joint bound over the stages solved is part of it
     best = cheapest_plan(graph, budget)  # exhaustive search over the plans in the order
+    guided = guided_plan(graph, budget, found)  # a plan in the order, when it fits
     if best is None:
+        assert guided is None
         return  # nothing fits: any bound holds (the bound is often infinite then, not always)
     extra = best.compute_seconds - solve("store_all", graph, None).compute_seconds
     assert bound <= extra + 1e-9, (budget, bound, extra)
+    if guided is not None:
+        assert guided.peak_bytes <= budget and guided.compute_seconds >= best.compute_seconds - 1e-9
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -132,3 +139,26 @@ def test_the_bound_ignores_in_place_reuse_as_the_exact_planners_models_do():
     plain = dataclasses.replace(graph, meta={k: v for k, v in graph.meta.items() if k != "inplace_reuse"})
     budget = int(0.85 * solve("store_all", plain, None).peak_bytes)
     assert stage_bound(graph, budget).cost == stage_bound(plain, budget).cost
+
+
+def test_cpsat_starts_from_the_plan_of_the_bounds_solution_and_it_trains_bitwise_and_peaks_as_predicted():
+    """The zoo's DenseNet-style model (tiny) at 70%: the joint bound's solution, its recomputations
+    placed in stages (:func:`~remat.solvers.stage_bound.guided_plan`), fits the budget and costs the
+    bound, so CP-SAT starts from it and proves it optimal; the plan runs exactly and as predicted."""
+    name = "densenet"
+    eager, store = reference(name)
+    ex = fresh(name)
+    store_all = remat.plan(ex.model, *ex.args, **ex.kwargs, solver="store_all", cost_model="unit")
+    budget = int(0.7 * store_all.peak_bytes)
+    guided = guided_plan(store_all.graph, budget, stage_bound(store_all.graph, budget))
+    assert guided is not None and guided.recomputations > 0 and guided.peak_bytes <= budget
+    module = optimized(ex, solver="cpsat", budget=budget, cost_model="unit")
+    plan = module.plan
+    assert plan.info["warm start"].startswith("stage_bound") and plan.info["status"] == "optimal"
+    assert plan.info["objective_units"] <= plan.info["stage bound units"] * (1 + 1e-6)
+    assert plan.peak_bytes <= budget
+    got = run_step(ex, module, steps=2)
+    assert_bitwise(got, store)
+    assert_close(got, eager)
+    graph = plan.graph
+    assert agrees(measured_peak(ex, module), plan.peak_bytes, sum(graph.values[t].bytes for t in graph.tangents))

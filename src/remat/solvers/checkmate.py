@@ -33,7 +33,7 @@ from ..graph import Graph
 from ..plan import Plan
 from ..simulate import fixed_order_lower_bound
 from .registry import SOLVERS, register, solve
-from .stage_bound import stage_bound, time_for_bound
+from .stage_bound import guided_plan, stage_bound, time_for_bound
 from .checkmate_model import (Formulation, build, decode, schedule_from_R, set_start, solution_vector, to_highs,
                                value_roles, with_save_budget)
 
@@ -279,6 +279,9 @@ def solve_milp(
                 plans = within_save_budget(graph, plans, save_budget_bytes)
             elif baselines:
                 plans += keep_set_plans(graph, budget_bytes, time_limit)
+                if f.R:  # the plan of the stage bound's solution (memoised by _bound_below)
+                    limit = time_for_bound(time_limit if time_limit is not None else DEFAULT_TIME_LIMIT)
+                    plans += [p for p in [guided_plan(graph, budget_bytes, stage_bound(graph, budget_bytes, time_limit=limit))] if p]
             if lp_warm_start and save_budget_bytes is None:  # LP rounding often lands far closer to the optimum than any baseline
                 try:
                     plans.append(

@@ -55,7 +55,7 @@ from ..plan import Plan
 from ..simulate import COMPUTE, fixed_order_lower_bound
 from .checkmate_model import horizons, recompute_windows, value_roles
 from .registry import SOLVERS, register
-from .stage_bound import stage_bound, time_for_bound
+from .stage_bound import guided_plan, stage_bound, time_for_bound
 
 DEFAULT_TIME_LIMIT = 120.0
 DEFAULT_COPIES = 3
@@ -64,6 +64,15 @@ COST_UNITS = 10_000_000  # the largest node's cost, in the objective's integer u
 # A plan whose recomputations are proven to cost at most this fraction of the step more than the
 # best plan's is final: the search stops there ("optimal" within that tolerance, ``info["gap_of_step"]``)
 NEGLIGIBLE_OVERHEAD = 1e-3
+
+
+def cost_units(graph: Graph) -> tuple[dict[int, int], float]:
+    """(each forward node's cost in the objective's integer units, the largest ``COST_UNITS``;
+    store_all's compute in those units)."""
+    nodes = graph.nodes
+    largest_cost = max((nd.cost for nd in nodes), default=0.0) or 1.0
+    units = {i: int(round(nodes[i].cost / largest_cost * COST_UNITS)) for i in range(len(graph.forward_nodes))}
+    return units, graph.store_all_seconds / largest_cost * COST_UNITS
 
 
 @dataclass
@@ -163,9 +172,7 @@ class _Builder:
         self.rng_bytes = int(graph.meta.get("rng_state_bytes", 0))
         sizes = [v.bytes for v in values] + [nd.workspace for nd in nodes] + [self.rng_bytes]
         self.unit = _gcd_of(sizes)  # every demand a whole number of units: exact
-        largest_cost = max((nd.cost for nd in nodes), default=0.0) or 1.0
-        self.cost_units = {i: int(round(nodes[i].cost / largest_cost * COST_UNITS)) for i in range(self.num_forward)}
-        self.step_units = graph.store_all_seconds / largest_cost * COST_UNITS
+        self.cost_units, self.step_units = cost_units(graph)
         self.intervals: list = []
         self.demands: list[int] = []
         self.present: dict[tuple[int, int], object] = {}
@@ -411,6 +418,11 @@ def solve_cpsat(
     candidates = _warm_candidates(graph, budget_bytes, warm_plans, baselines, limit)
     if budget_bytes is None and (proven := proven_smallest(graph, candidates)) is not None:
         return proven  # a quick plan peaks at the lower bound: nothing to search
+    floor = None
+    if budget_bytes is not None:  # no plan in the order costs less; the plan of its solution often costs that
+        floor = stage_bound(graph, budget_bytes, costs=cost_units(graph)[0], time_limit=time_for_bound(limit))
+        if baselines and (guided := guided_plan(graph, budget_bytes, floor)) is not None:
+            candidates = sorted([guided, *candidates], key=lambda p: p.compute_seconds)
     line = Timeline.of(graph, _windows(graph))
     warm, stages = next(((p, st) for p in candidates if (st := recomputations(p, line)) is not None), (None, None))
     if stages:  # room for the warm start's recomputations, so that the search starts from a plan
@@ -423,9 +435,7 @@ def solve_cpsat(
     else:
         recomputation = sum(model.cost_units[i] * lit for (i, _), lit in model.present.items())
         cp.minimize(recomputation)
-        # no plan in the order costs less: CP-SAT's bound starts there
-        floor = stage_bound(graph, budget_bytes, costs=model.cost_units, time_limit=time_for_bound(limit))
-        info["stage bound units"] = floor.cost
+        info["stage bound units"] = floor.cost  # CP-SAT's bound starts there
         if model.present and 0 < floor.cost < math.inf:
             # (1e-6 below: HiGHS's tolerances must never cut the optimum off)
             cp.add(recomputation >= math.ceil(floor.cost * (1 - 1e-6)))

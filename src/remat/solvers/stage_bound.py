@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph import Graph
-from ..plan import schedule_instructions
+from ..plan import Plan, schedule_instructions
 from ..simulate import COMPUTE, simulate
 from .checkmate_model import horizons, recompute_windows, value_roles
 
@@ -78,6 +78,9 @@ class StageBound:
     solved: int
     over: int
     joint: float = 0.0  # the joint bound over the stages solved (0 when not computed in time)
+    # the joint MILP's best solution as a schedule (forward, backward with the recomputations placed;
+    # see :func:`guided_plan`), or None when it found none in time
+    schedule: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
 def stage_bound(graph: Graph, budget_bytes: int, *, costs: dict[int, float] | None = None,
@@ -110,11 +113,22 @@ def _stage_bound(graph: Graph, budget: int, costs, time_limit: float) -> StageBo
             best, where = bound, t
         if math.isinf(best):
             break
-    joint = 0.0
+    joint, schedule = 0.0, None
     left = time_limit - (time.perf_counter() - started)
-    if solved > 1 and not math.isinf(best) and left > 0:
-        joint = stages.joint({t: excess[t] for t in order[:solved]}, left)
-    return StageBound(max(best, joint), where, solved, len(excess), joint)
+    if not math.isinf(best) and left > 0:
+        joint, schedule = stages.joint({t: excess[t] for t in order[:solved]}, left)
+    return StageBound(max(best, joint), where, solved, len(excess), joint, schedule)
+
+
+def guided_plan(graph: Graph, budget_bytes: int, found: StageBound) -> Plan | None:
+    """The plan of the joint bound's solution, when it fits ``budget_bytes`` (the simulator judges):
+    the cheapest plan in the graph's order when that solution is optimal, for its recomputations
+    cost what the bound says. None when there is no solution or it does not fit."""
+    if found.schedule is None:
+        return None
+    forward, backward = found.schedule
+    plan = Plan.from_schedule(graph, forward, backward, budget_bytes=budget_bytes, solver="stage_bound")
+    return plan if plan.peak_bytes <= budget_bytes else None
 
 
 @dataclass(frozen=True)
@@ -180,7 +194,7 @@ class _Stages:
                 ends.setdefault(need.node, set()).add(need.until)
         sorted_ends = {j: sorted(e) for j, e in ends.items()}
         segment_column: dict[tuple[int, int], int] = {}
-        rows = []
+        rows: list[tuple[dict[int, float], float]] = []
         for need in needs.values():
             row = dict(need.row)
             if need.until >= 0:
@@ -190,7 +204,37 @@ class _Stages:
                         segment_column[(need.node, k)] = column(self.cost[need.node])
                     row[segment_column[(need.node, k)]] = 1.0
             rows.append((row, need.lower))
-        return _solve(col_cost, rows + memory_rows, max(0.1, time_limit - (time.perf_counter() - started)))
+        bound, solution = _solve(col_cost, rows + memory_rows, max(0.1, time_limit - (time.perf_counter() - started)))
+        if solution is None:
+            return bound, None
+        segments = {}  # j -> the (start, end] of each segment in which the solution runs j again
+        for (j, k), col in segment_column.items():
+            if solution[col] > 0.5:
+                segments.setdefault(j, []).append((sorted_ends[j][k - 1] if k else j, sorted_ends[j][k]))
+        return bound, self._schedule(segments)
+
+    def _schedule(self, segments: dict[int, list[tuple[int, int]]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The joint solution's recomputations placed in stages: each as late in its segment as it
+        can be while it still comes before every recomputation there that reads it (latest readers
+        first, so theirs are placed already); a stage's recomputations in graph order before its node."""
+        users = self.graph.users
+        placed: dict[int, list[int]] = {}  # j -> the stages it runs again in
+        for j in sorted(segments, reverse=True):
+            readers = {i for v in self.graph.nodes[j].outputs for i in users[v] if i in placed}
+            for start, end in segments[j]:
+                stage = end
+                for i in readers:
+                    stage = min([stage, *(q for q in placed[i] if start < q <= stage)])
+                placed.setdefault(j, []).append(stage)
+        in_stage: dict[int, list[int]] = {}
+        for j, stages in placed.items():
+            for stage in stages:
+                in_stage.setdefault(stage, []).append(j)
+        forward: list[int] = []
+        backward: list[int] = []
+        for t in range(len(self.graph.nodes)):
+            (forward if t < self.num_forward else backward).extend([*sorted(in_stage.get(t, ())), t])
+        return tuple(forward), tuple(backward)
 
     def _stage_rows(self, t: int, over: int, column, needs: dict, depth: int) -> tuple[dict[int, float], float]:
         """Stage ``t``'s columns ``a_{v,t}`` and ``x_{u,t}``, its rows that need a node to run again
@@ -267,15 +311,16 @@ class _Stages:
                 rows.append((row, 0.0))
         rows.append(({k: -b for k, b in memory.items()}, float(excess)))  # freed − kept inputs ≥ excess
         col_cost = [self.cost[i] for i in candidates] + [0.0] * (num_cols - len(candidates))
-        return _solve(col_cost, rows, time_limit)
+        return _solve(col_cost, rows, time_limit)[0]
 
 
-def _solve(col_cost: list[float], rows, time_limit: float) -> float:
-    """min col_cost · x over binary x with each row ``Σ coef · x ≥ lower``: the dual bound."""
+def _solve(col_cost: list[float], rows, time_limit: float) -> tuple[float, list[float] | None]:
+    """min col_cost · x over binary x with each row ``Σ coef · x ≥ lower``: (the dual bound, the best
+    solution found, or None)."""
     import highspy
 
     if sum(c for c in rows[-1][0].values() if c > 0) < rows[-1][1]:
-        return math.inf  # freeing every candidate's values is not enough
+        return math.inf, None  # freeing every candidate's values is not enough
     n = len(col_cost)
     h = highspy.Highs()
     h.silent()
@@ -291,12 +336,14 @@ def _solve(col_cost: list[float], rows, time_limit: float) -> float:
     h.run()
     status = h.getModelStatus()
     if status == highspy.HighsModelStatus.kInfeasible:
-        return math.inf
+        return math.inf, None
     info = h.getInfo()
     bound = info.mip_dual_bound
     if status == highspy.HighsModelStatus.kOptimal:
         bound = min(info.objective_function_value, bound) if math.isfinite(bound) else info.objective_function_value
-    return max(0.0, float(bound)) if math.isfinite(bound) else 0.0
+    feasible = info.primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
+    solution = list(h.getSolution().col_value) if feasible else None
+    return (max(0.0, float(bound)) if math.isfinite(bound) else 0.0), solution
 
 
-__all__ = ["StageBound", "stage_bound", "time_for_bound", "BOUND_SECONDS"]
+__all__ = ["StageBound", "stage_bound", "guided_plan", "time_for_bound", "BOUND_SECONDS"]
