@@ -30,7 +30,9 @@ cumulative bound is exactly the simulator's peak for the tightest ends. With ``c
 most times an optimal plan computes one node, the optimum is the MILP's; each extra copy adds
 variables, so the default (3: two recomputations per node) is a trade. Values are counted in units of
 the greatest common divisor of all sizes, exactly. The search is warm-started (a hint) from the
-cheapest heuristic plan that fits; at the time limit the best plan found is returned with its gap.
+cheapest heuristic plan that fits, among them the plan of the stage bound's solution
+(:func:`~remat.solvers.stage_bound.guided_plan`: when it fits, it often costs the bound, and the
+search stops at once); at the time limit the best plan found is returned with its gap.
 It stops earlier once its plan is proven within ``NEGLIGIBLE_OVERHEAD`` (0.1%) of store_all's
 compute of the optimum (an absolute gap limit): that plan is reported ``"optimal"`` with its
 remaining gap in ``info["gap"]`` and as a fraction of the step in ``info["gap_of_step"]``.

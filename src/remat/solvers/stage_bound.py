@@ -41,6 +41,12 @@ segment it falls in), so the optimum bounds it too, and it is at least each stag
 deadlines matter: on the zoo's small U-Net at half its peak (``flops`` costs) the stages alone give
 +12.89% of the step; the joint bound with each chain's restoration anywhere after ``t`` gave
 +13.07%, by ``d`` one input deep +13.67%, two deep +13.76%, which is CP-SAT's plan: proven optimal.
+
+The joint MILP's solution is a plan too (:func:`guided_plan`): each recomputation ``y_{j,k}`` runs
+in the latest stage of segment ``k`` that still precedes the recomputations there reading ``j``, and
+:meth:`~remat.plan.Plan.from_schedule` holds and frees values around them. The bound's memory model
+is a relaxation (nothing is counted while a recomputation runs), so the simulator judges whether it
+fits; when it does and the MILP was solved, it costs the bound and is optimal.
 """
 
 from __future__ import annotations
@@ -170,9 +176,10 @@ class _Stages:
             if u in self.variable and u not in held and u not in read_by_t:
                 yield u
 
-    def joint(self, excess: dict[int, int], time_limit: float, depth: int | None = None) -> float:
-        """The joint bound (module docstring) over the stages in ``excess``, following chains of up to
-        ``depth`` (default ``JOINT_DEPTH``) absent inputs: HiGHS's dual bound."""
+    def joint(self, excess: dict[int, int], time_limit: float, depth: int | None = None):
+        """The joint bound (module docstring) over the stages in ``excess`` (as many as can be written
+        in half the time), following chains of up to ``depth`` (default ``JOINT_DEPTH``) absent
+        inputs: (HiGHS's dual bound, its best solution as a schedule or None)."""
         depth = JOINT_DEPTH if depth is None else depth
         col_cost: list[float] = []
 
