@@ -279,9 +279,9 @@ def solve_milp(
                 plans = within_save_budget(graph, plans, save_budget_bytes)
             elif baselines:
                 plans += keep_set_plans(graph, budget_bytes, time_limit)
-                if f.R:  # the plan of the stage bound's solution (memoised by _bound_below)
-                    limit = time_for_bound(time_limit if time_limit is not None else DEFAULT_TIME_LIMIT)
-                    plans += [p for p in [guided_plan(graph, budget_bytes, stage_bound(graph, budget_bytes, time_limit=limit))] if p]
+                if f.R:  # the plan of the stage bound's solution (the bound is memoised: _bound_below made it)
+                    found = stage_bound(graph, budget_bytes, time_limit=time_for_bound(time_limit or DEFAULT_TIME_LIMIT))
+                    plans += [guided] if (guided := guided_plan(graph, budget_bytes, found)) is not None else []
             if lp_warm_start and save_budget_bytes is None:  # LP rounding often lands far closer to the optimum than any baseline
                 try:
                     plans.append(

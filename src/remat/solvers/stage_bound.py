@@ -84,9 +84,9 @@ class StageBound:
     solved: int
     over: int
     joint: float = 0.0  # the joint bound over the stages solved (0 when not computed in time)
-    # the joint MILP's best solution as a schedule (forward, backward with the recomputations placed;
-    # see :func:`guided_plan`), or None when it found none in time
-    schedule: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    # the joint MILPs' best solutions as schedules (forward, backward with the recomputations placed;
+    # see :func:`guided_plan`), none when they found none in time
+    schedules: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
 
 
 def stage_bound(graph: Graph, budget_bytes: int, *, costs: dict[int, float] | None = None,
@@ -119,22 +119,27 @@ def _stage_bound(graph: Graph, budget: int, costs, time_limit: float) -> StageBo
             best, where = bound, t
         if math.isinf(best):
             break
-    joint, schedule = 0.0, None
-    left = time_limit - (time.perf_counter() - started)
-    if not math.isinf(best) and left > 0:
-        joint, schedule = stages.joint({t: excess[t] for t in order[:solved]}, left)
-    return StageBound(max(best, joint), where, solved, len(excess), joint, schedule)
+    joint, schedules = 0.0, []
+    over = {t: excess[t] for t in order[:solved]}
+    for fine in (True, False):  # segments split at every deadline; if unsolved in half the time, at readers only
+        left = time_limit - (time.perf_counter() - started)
+        if math.isinf(best) or left <= 0:
+            break
+        found, schedule, optimal = stages.joint(over, left / 2 if fine else left, fine_segments=fine)
+        joint = max(joint, found)
+        schedules += [schedule] if schedule is not None else []
+        if optimal:
+            break
+    return StageBound(max(best, joint), where, solved, len(excess), joint, tuple(schedules))
 
 
 def guided_plan(graph: Graph, budget_bytes: int, found: StageBound) -> Plan | None:
     """The plan of the joint bound's solution, when it fits ``budget_bytes`` (the simulator judges):
     the cheapest plan in the graph's order when that solution is optimal, for its recomputations
     cost what the bound says. None when there is no solution or it does not fit."""
-    if found.schedule is None:
-        return None
-    forward, backward = found.schedule
-    plan = Plan.from_schedule(graph, forward, backward, budget_bytes=budget_bytes, solver="stage_bound")
-    return plan if plan.peak_bytes <= budget_bytes else None
+    plans = [Plan.from_schedule(graph, forward, backward, budget_bytes=budget_bytes, solver="stage_bound")
+             for forward, backward in found.schedules]
+    return min((p for p in plans if p.peak_bytes <= budget_bytes), key=lambda p: p.compute_seconds, default=None)
 
 
 @dataclass(frozen=True)
@@ -176,10 +181,14 @@ class _Stages:
             if u in self.variable and u not in held and u not in read_by_t:
                 yield u
 
-    def joint(self, excess: dict[int, int], time_limit: float, depth: int | None = None):
+    def joint(self, excess: dict[int, int], time_limit: float, depth: int | None = None, fine_segments: bool = True):
         """The joint bound (module docstring) over the stages in ``excess`` (as many as can be written
         in half the time), following chains of up to ``depth`` (default ``JOINT_DEPTH``) absent
-        inputs: (HiGHS's dual bound, its best solution as a schedule or None)."""
+        inputs: (HiGHS's dual bound, its best solution as a schedule or None, whether it is proven).
+        ``fine_segments=False``: a node's segments end at its readers only (and its last stage), not
+        at every deadline; a run by a deadline then counts in the segment holding it, which also serves
+        stages past the deadline. A weaker MILP, but one HiGHS gets further with in little time (T5
+        at 70%, 30 s: +12.59% of the step against +11.86%; on the U-Net at 50% +13.07% against +13.76%)."""
         depth = JOINT_DEPTH if depth is None else depth
         col_cost: list[float] = []
 
@@ -197,8 +206,12 @@ class _Stages:
         # y_{j,k}: j runs again in its segment k; a node's segments end at every deadline a row gives it
         ends: dict[int, set[int]] = {}
         for need in needs.values():
-            if need.until >= 0:
+            if need.until >= 0 and fine_segments:
                 ends.setdefault(need.node, set()).add(need.until)
+            elif need.until >= 0 and need.node not in ends:
+                j = need.node
+                ends[j] = {r for v in self.graph.nodes[j].outputs if v in self.variable for r in self.graph.users[v]}
+                ends[j].add(self.last_stage[j])
         sorted_ends = {j: sorted(e) for j, e in ends.items()}
         segment_column: dict[tuple[int, int], int] = {}
         rows: list[tuple[dict[int, float], float]] = []
@@ -211,14 +224,14 @@ class _Stages:
                         segment_column[(need.node, k)] = column(self.cost[need.node])
                     row[segment_column[(need.node, k)]] = 1.0
             rows.append((row, need.lower))
-        bound, solution = _solve(col_cost, rows + memory_rows, max(0.1, time_limit - (time.perf_counter() - started)))
+        bound, solution, optimal = _solve(col_cost, rows + memory_rows, max(0.1, time_limit - (time.perf_counter() - started)))
         if solution is None:
-            return bound, None
+            return bound, None, optimal
         segments = {}  # j -> the (start, end] of each segment in which the solution runs j again
         for (j, k), col in segment_column.items():
             if solution[col] > 0.5:
                 segments.setdefault(j, []).append((sorted_ends[j][k - 1] if k else j, sorted_ends[j][k]))
-        return bound, self._schedule(segments)
+        return bound, self._schedule(segments), optimal
 
     def _schedule(self, segments: dict[int, list[tuple[int, int]]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The joint solution's recomputations placed in stages: each as late in its segment as it
@@ -321,13 +334,13 @@ class _Stages:
         return _solve(col_cost, rows, time_limit)[0]
 
 
-def _solve(col_cost: list[float], rows, time_limit: float) -> tuple[float, list[float] | None]:
+def _solve(col_cost: list[float], rows, time_limit: float) -> tuple[float, list[float] | None, bool]:
     """min col_cost · x over binary x with each row ``Σ coef · x ≥ lower``: (the dual bound, the best
-    solution found, or None)."""
+    solution found or None, whether it is proven optimal or infeasible)."""
     import highspy
 
     if sum(c for c in rows[-1][0].values() if c > 0) < rows[-1][1]:
-        return math.inf, None  # freeing every candidate's values is not enough
+        return math.inf, None, True  # freeing every candidate's values is not enough
     n = len(col_cost)
     h = highspy.Highs()
     h.silent()
@@ -343,14 +356,14 @@ def _solve(col_cost: list[float], rows, time_limit: float) -> tuple[float, list[
     h.run()
     status = h.getModelStatus()
     if status == highspy.HighsModelStatus.kInfeasible:
-        return math.inf, None
+        return math.inf, None, True
     info = h.getInfo()
     bound = info.mip_dual_bound
     if status == highspy.HighsModelStatus.kOptimal:
         bound = min(info.objective_function_value, bound) if math.isfinite(bound) else info.objective_function_value
     feasible = info.primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
     solution = list(h.getSolution().col_value) if feasible else None
-    return (max(0.0, float(bound)) if math.isfinite(bound) else 0.0), solution
+    return (max(0.0, float(bound)) if math.isfinite(bound) else 0.0), solution, status == highspy.HighsModelStatus.kOptimal
 
 
 __all__ = ["StageBound", "stage_bound", "guided_plan", "time_for_bound", "BOUND_SECONDS"]
