@@ -238,7 +238,10 @@ def test_cpsat_stops_once_its_plan_is_within_a_negligible_share_of_the_step(monk
     limit, then HiGHS to its own, for a +0.01% plan), and says how far from the bound it stopped."""
     from remat.solvers import cpsat as cpsat_module
     from remat.solvers.cpsat import COST_UNITS, NEGLIGIBLE_OVERHEAD
+    from remat.solvers.stage_bound import StageBound
 
+    # (with the stage bound, a warm start that meets it is returned with no search)
+    monkeypatch.setattr(cpsat_module, "stage_bound", lambda *a, **k: StageBound(0.0, None, 0, 0))
     made = []
     real = cpsat_module._solver
     monkeypatch.setattr(cpsat_module, "_solver", lambda *a: made.append(real(*a)) or made[-1])

@@ -31,8 +31,9 @@ most times an optimal plan computes one node, the optimum is the MILP's; each ex
 variables, so the default (3: two recomputations per node) is a trade. Values are counted in units of
 the greatest common divisor of all sizes, exactly. The search is warm-started (a hint) from the
 cheapest heuristic plan that fits, among them the plan of the stage bound's solution
-(:func:`~remat.solvers.stage_bound.guided_plan`: when it fits, it often costs the bound, and the
-search stops at once); at the time limit the best plan found is returned with its gap.
+(:func:`~remat.solvers.stage_bound.guided_plan`: when it fits, it often costs the bound); a start
+whose recomputation meets the stage bound (below) is returned as it is, proven optimal, with no
+search. At the time limit the best plan found is returned with its gap.
 It stops earlier once its plan is proven within ``NEGLIGIBLE_OVERHEAD`` (0.1%) of store_all's
 compute of the optimum (an absolute gap limit): that plan is reported ``"optimal"`` with its
 remaining gap in ``info["gap"]`` and as a fraction of the step in ``info["gap_of_step"]``.
@@ -420,13 +421,21 @@ def solve_cpsat(
     candidates = _warm_candidates(graph, budget_bytes, warm_plans, baselines, limit)
     if budget_bytes is None and (proven := proven_smallest(graph, candidates)) is not None:
         return proven  # a quick plan peaks at the lower bound: nothing to search
+    line = Timeline.of(graph, _windows(graph))
+
+    def first_in_the_model(plans):  # the cheapest plan the model can express, and its recomputations
+        return next(((p, st) for p in plans if (st := recomputations(p, line)) is not None), (None, None))
+
+    warm, stages = first_in_the_model(candidates)
     floor = None
     if budget_bytes is not None:  # no plan in the order costs less; the plan of its solution often costs that
-        floor = stage_bound(graph, budget_bytes, costs=cost_units(graph)[0], time_limit=time_for_bound(limit))
+        units = cost_units(graph)[0]
+        known = None if stages is None else sum(units[i] * len(ts) for i, ts in stages.items())
+        floor = stage_bound(graph, budget_bytes, costs=units, time_limit=time_for_bound(limit), enough=known)
         if baselines and (guided := guided_plan(graph, budget_bytes, floor)) is not None:
-            candidates = sorted([guided, *candidates], key=lambda p: p.compute_seconds)
-    line = Timeline.of(graph, _windows(graph))
-    warm, stages = next(((p, st) for p in candidates if (st := recomputations(p, line)) is not None), (None, None))
+            warm, stages = first_in_the_model(sorted([guided, *candidates], key=lambda p: p.compute_seconds))
+        if stages is not None and (cost := sum(units[i] * len(ts) for i, ts in stages.items())) <= floor.cost * (1 + 1e-6):
+            return _proven_by_the_bound(warm, cost, floor.cost, began)  # a plan at the bound: nothing to search
     if stages:  # room for the warm start's recomputations, so that the search starts from a plan
         copies = max(copies, min(most, 1 + max(len(ts) for ts in stages.values())))
     model = build_model(graph, budget_bytes, copies=copies)
@@ -495,6 +504,17 @@ def solve_cpsat(
     from .checkmate import finish_exact
 
     return finish_exact(plan, budget_bytes, optimal=optimal, quiet=quiet, limit=limit, gap=info["gap"])
+
+
+def _proven_by_the_bound(warm: Plan, cost_units: float, bound_units: float, began: float) -> Plan:
+    """``warm``, whose recomputation (``cost_units``) meets the stage bound: optimal, as CP-SAT's plan."""
+    plan = copy_module.copy(warm)
+    plan.solver = "cpsat"
+    plan.info = {**warm.info, "status": "optimal", "gap": 0.0, "gap_of_step": 0.0, "proven_by": "the stage bound",
+                 "warm start": f"{warm.solver} ({warm.overhead * 100:+.1f}%)", "objective_units": cost_units,
+                 "bound_units": bound_units, "stage bound units": bound_units, "solve seconds": 0.0,
+                 "setup seconds": round(time.perf_counter() - began, 3)}
+    return plan
 
 
 def _baselines_smallest(graph: Graph, budget_bytes: int, why: str, info=None) -> Plan:

@@ -93,14 +93,17 @@ class StageBound:
 
 
 def stage_bound(graph: Graph, budget_bytes: int, *, costs: dict[int, float] | None = None,
-                time_limit: float = BOUND_SECONDS) -> StageBound:
+                time_limit: float = BOUND_SECONDS, enough: float | None = None) -> StageBound:
     """The bound of the module docstring for ``graph`` under ``budget_bytes``; ``costs``: per forward
-    node (default: each node's ``cost``, seconds). Memoised per graph, budget and costs."""
-    key = ("stage bound", int(budget_bytes), None if costs is None else tuple(sorted(costs.items())))
-    return graph.memo.cached(key, lambda: _stage_bound(graph, int(budget_bytes), costs, time_limit))
+    node (default: each node's ``cost``, seconds). ``enough``: the recomputation of a plan in the order
+    at hand; once the stages' bound reaches it, that plan is optimal and nothing more is solved (the
+    joint MILPs, where they are not solved quickly, take the rest of the time). Memoised per graph,
+    budget, costs and ``enough``."""
+    key = ("stage bound", int(budget_bytes), None if costs is None else tuple(sorted(costs.items())), enough)
+    return graph.memo.cached(key, lambda: _stage_bound(graph, int(budget_bytes), costs, time_limit, enough))
 
 
-def _stage_bound(graph: Graph, budget: int, costs, time_limit: float) -> StageBound:
+def _stage_bound(graph: Graph, budget: int, costs, time_limit: float, enough: float | None = None) -> StageBound:
     started = time.perf_counter()
     model_view = dataclasses.replace(graph, meta={k: v for k, v in graph.meta.items() if k != "inplace_reuse"})
     num_forward, n = len(graph.forward_nodes), len(graph.nodes)
@@ -120,8 +123,10 @@ def _stage_bound(graph: Graph, budget: int, costs, time_limit: float) -> StageBo
         solved += 1
         if bound > best:
             best, where = bound, t
-        if math.isinf(best):
+        if math.isinf(best) or (enough is not None and best >= enough * (1 - 1e-6)):
             break
+    if enough is not None and best >= enough * (1 - 1e-6):
+        return StageBound(best, where, solved, len(excess))
     joint, schedules = 0.0, []
     over = {t: excess[t] for t in order[:solved]}
     for fine in (True, False):  # segments split at every deadline; if unsolved in half the time, at readers only
