@@ -377,13 +377,14 @@ def main() -> None:
         "# Exact planners: CP-SAT against HiGHS",
         "",
         f"`benchmarks/solvers.py {' '.join(sys.argv[1:])}` at {git_revision()}; {machine_facts()}.",
-        f"Each exact solver: time limit {limit:.0f} s, warm-started from the cheapest baseline plan that fits "
-        "(HiGHS also from LP rounding). Overheads are predicted compute over store_all's (`flops` cost model); "
+        f"Each exact solver: time limit {limit:.0f} s, warm-started from the cheapest plan that fits among the "
+        "baselines', keep_set's and the stage bound's own (`guided_plan`; HiGHS also from LP rounding). Overheads are predicted compute over store_all's (`flops` cost model); "
         "keep_set's (its cheapest schedules thinned by `recompute_less`), hierarchical's and the hybrid's are step time "
         "(the hybrid's includes copy stalls). "
         "\"> limit\": not proven within the limit; gap = (plan − bound) / plan when it stopped. \"≈\": CP-SAT stopped "
         "once its plan was proven within 0.1% of store_all's compute of the bound (`NEGLIGIBLE_OVERHEAD`: "
-        "no plan can be cheaper by more), its gap and that gap as a share of the step beside it. "
+        "no plan can be cheaper by more), its gap and that gap as a share of the step beside it. A time with gap 0: "
+        "proven exactly (CP-SAT returns a warm start that meets the stage bound with no search). "
         "Stage bound: the recomputation no plan in the graph's order can do without (`remat.solvers.stage_bound`, "
         "every stage solved, in the time beside it); both exact solvers take it as a bound on their objective, "
         "computed within a tenth of their time limit (at most 5 s).",
