@@ -40,15 +40,15 @@ def assert_below_the_cheapest_plan(graph, budget):
     found = stage_bound(graph, budget)
     bound = found.cost
     assert bound >= found.joint  # the joint bound over the stages solved is part of it
-    best = cheapest_plan(graph, budget)  # exhaustive search over the plans in the order
+    store_all_seconds = solve("store_all", graph, None).compute_seconds
     guided = guided_plan(graph, budget, found)  # a plan in the order, when it fits
+    if guided is not None:  # (the exhaustive search below never reruns a node with a held output: not compared)
+        assert guided.peak_bytes <= budget and guided.compute_seconds - store_all_seconds >= bound - 1e-9
+    best = cheapest_plan(graph, budget)  # exhaustive search over the plans in the order
     if best is None:
-        assert guided is None
         return  # nothing fits: any bound holds (the bound is often infinite then, not always)
-    extra = best.compute_seconds - solve("store_all", graph, None).compute_seconds
+    extra = best.compute_seconds - store_all_seconds
     assert bound <= extra + 1e-9, (budget, bound, extra)
-    if guided is not None:
-        assert guided.peak_bytes <= budget and guided.compute_seconds >= best.compute_seconds - 1e-9
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -93,7 +93,7 @@ def test_the_joint_bound_restores_a_chain_of_absent_inputs_before_the_reader_tha
     for depth in (1, 2):
         graph.memo.clear()
         monkeypatch.setattr(stage_bound_module, "JOINT_DEPTH", depth)
-        bounds[depth] = stage_bound(graph, budget).cost / store.compute_seconds
+        bounds[depth] = stage_bound(graph, budget, time_limit=60).cost / store.compute_seconds
     graph.memo.clear()
     assert bounds[1] < 0.1370 and 0.1374 < bounds[2] < 0.1378
 
@@ -141,7 +141,7 @@ def test_the_bound_ignores_in_place_reuse_as_the_exact_planners_models_do():
     assert stage_bound(graph, budget).cost == stage_bound(plain, budget).cost
 
 
-def test_cpsat_starts_from_the_plan_of_the_bounds_solution_and_it_trains_bitwise_and_peaks_as_predicted():
+def test_cpsat_starts_from_the_plan_of_the_bounds_solution_and_it_trains_bitwise_and_peaks_as_predicted(monkeypatch):
     """The zoo's small U-Net at 50% (``flops`` costs, the roofline fixed): no heuristic plan meets the
     bound, but the plan of the joint bound's solution (:func:`~remat.solvers.stage_bound.guided_plan`)
     fits and costs the bound, so CP-SAT returns it, proven optimal with no search; it runs exactly and
@@ -153,10 +153,11 @@ def test_cpsat_starts_from_the_plan_of_the_bounds_solution_and_it_trains_bitwise
     ex = fresh(name, size)
     graph = remat.plan(ex.model, *ex.args, **ex.kwargs, solver="store_all", cost_model=cost_model).graph
     budget = int(0.5 * solve("store_all", graph, None).peak_bytes)
-    plan = solve_cpsat(graph, budget, time_limit=60, threads=2)
+    monkeypatch.setattr(stage_bound_module, "BOUND_SECONDS", 30.0)  # its joint MILP in time on a loaded machine
+    plan = solve_cpsat(graph, budget, time_limit=300, threads=2)
     assert plan.info["status"] == "optimal" and plan.info["proven_by"] == "the stage bound"
     assert plan.info["warm start"].startswith("stage_bound") and plan.peak_bytes <= budget
-    module = optimized(ex, solver="cpsat", budget=budget, cost_model=cost_model)
+    module = optimized(ex, solver="cpsat", budget=budget, cost_model=cost_model, time_limit=300)
     assert module.plan.info["warm start"].startswith("stage_bound")
     got = run_step(ex, module, steps=2)
     assert_bitwise(got, store)

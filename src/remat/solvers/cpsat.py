@@ -434,7 +434,8 @@ def solve_cpsat(
         floor = stage_bound(graph, budget_bytes, costs=units, time_limit=time_for_bound(limit), enough=known)
         if baselines and (guided := guided_plan(graph, budget_bytes, floor)) is not None:
             warm, stages = first_in_the_model(sorted([guided, *candidates], key=lambda p: p.compute_seconds))
-        if stages is not None and (cost := sum(units[i] * len(ts) for i, ts in stages.items())) <= floor.cost * (1 + 1e-6):
+        cost = None if stages is None else sum(units[i] * len(ts) for i, ts in stages.items())
+        if cost is not None and floor.cost < math.inf and cost <= floor.cost * (1 + 1e-6):
             return _proven_by_the_bound(warm, cost, floor.cost, began)  # a plan at the bound: nothing to search
     if stages:  # room for the warm start's recomputations, so that the search starts from a plan
         copies = max(copies, min(most, 1 + max(len(ts) for ts in stages.values())))

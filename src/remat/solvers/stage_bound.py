@@ -31,6 +31,7 @@ held across ``t``, and ``y_{j,k} = 1`` when node ``j`` runs again at least once 
     s.t. Σ_{l=0..m} absent(u_l, t) − Σ_{k meeting (t, d]} y_{producer(u_m),k} ≤ m
               for each chain v = u_0 <- u_1 <- ... <- u_m (m ≥ 0), u_{l+1} an input of u_l's
               producer, v held by store-all across t; d: the next reader of v after t
+              (or the last stage a producer on the chain may run again in, if earlier)
          Σ_v bytes(v) · a_{v,t} − Σ_u bytes(u) · x_{u,t} ≥ excess(t)      for each stage t
 
 with ``absent(u, t)`` = ``a_{u,t}``, or ``1 − x_{u,t}`` for a value store-all has freed. A chain
@@ -79,7 +80,8 @@ def time_for_bound(solver_time_limit: float) -> float:
 @dataclass(frozen=True)
 class StageBound:
     """``cost``: the bound (in the units of the costs given; ``inf`` when some stage cannot fit the
-    budget however much is recomputed); ``stage``: the node whose stage sets it; ``solved``: stages
+    budget however much is recomputed); ``stage``: the node whose stage sets the
+    largest per-stage bound; ``solved``: stages
     solved, of ``over`` stages above the budget with everything kept."""
 
     cost: float
@@ -96,9 +98,9 @@ def stage_bound(graph: Graph, budget_bytes: int, *, costs: dict[int, float] | No
                 time_limit: float = BOUND_SECONDS, enough: float | None = None) -> StageBound:
     """The bound of the module docstring for ``graph`` under ``budget_bytes``; ``costs``: per forward
     node (default: each node's ``cost``, seconds). ``enough``: the recomputation of a plan in the order
-    at hand; once the stages' bound reaches it, that plan is optimal and nothing more is solved (the
-    joint MILPs, where they are not solved quickly, take the rest of the time). Memoised per graph,
-    budget, costs and ``enough``."""
+    at hand. Once the stages' bound reaches it, that plan is optimal, and nothing more is solved: the
+    joint MILPs would otherwise take the rest of the time where HiGHS does not solve them quickly.
+    Memoised per graph, budget, costs and ``enough`` (not per time limit: the first call's stands)."""
     key = ("stage bound", int(budget_bytes), None if costs is None else tuple(sorted(costs.items())), enough)
     return graph.memo.cached(key, lambda: _stage_bound(graph, int(budget_bytes), costs, time_limit, enough))
 
@@ -128,12 +130,12 @@ def _stage_bound(graph: Graph, budget: int, costs, time_limit: float, enough: fl
     if enough is not None and best >= enough * (1 - 1e-6):
         return StageBound(best, where, solved, len(excess))
     joint, schedules = 0.0, []
-    over = {t: excess[t] for t in order[:solved]}
+    solved_excess = {t: excess[t] for t in order[:solved]}
     for fine in (True, False):  # segments split at every deadline; if unsolved in half the time, at readers only
         left = time_limit - (time.perf_counter() - started)
         if math.isinf(best) or left <= 0:
             break
-        found, schedule, optimal = stages.joint(over, left / 2 if fine else left, fine_segments=fine)
+        found, schedule, optimal = stages.joint(solved_excess, left / 2 if fine else left, fine_segments=fine)
         joint = max(joint, found)
         schedules += [schedule] if schedule is not None else []
         if optimal:
@@ -163,7 +165,7 @@ class _Need:
 
 
 class _Stages:
-    """The per-stage MILPs of one graph (the recomputation windows and readers computed once)."""
+    """The per-stage and joint MILPs of one graph (the recomputation windows computed once)."""
 
     def __init__(self, graph: Graph, costs):
         self.graph = graph
@@ -196,7 +198,8 @@ class _Stages:
         ``fine_segments=False``: a node's segments end at its readers only (and its last stage), not
         at every deadline; a run by a deadline then counts in the segment holding it, which also serves
         stages past the deadline. A weaker MILP, but one HiGHS gets further with in little time (T5
-        at 70%, 30 s: +12.59% of the step against +11.86%; on the U-Net at 50% +13.07% against +13.76%)."""
+        at 70%, the fine one with 30 s then this one with 30 s: +12.59% of the step, the fine one with all
+        60 s: +11.86%; on the U-Net at 50% this one gives +13.07%, the fine one +13.76%)."""
         depth = JOINT_DEPTH if depth is None else depth
         col_cost: list[float] = []
 
@@ -278,7 +281,8 @@ class _Stages:
                 memory[absent[v]] = float(values[v].bytes)
 
         def absence(u: int) -> tuple[int, int] | None:
-            """"``u`` is absent at ``t``" as (column, +1: ``a_u`` / -1: ``1 − x_u``); None: present."""
+            """The literal "``u`` is absent at ``t``": (column, +1 for ``a_u`` or -1 for ``1 − x_u``); None:
+            ``u`` is present."""
             if u not in self.variable or u in read_by_t:
                 return None
             if u in absent:
