@@ -33,7 +33,7 @@ from ..graph import Graph
 from ..plan import Plan
 from ..simulate import fixed_order_lower_bound
 from .registry import SOLVERS, register, solve
-from .stage_bound import guided_plan, stage_bound, time_for_bound
+from .stage_bound import StageBound, guided_plan, stage_bound, time_for_bound
 from .checkmate_model import (Formulation, build, decode, schedule_from_R, set_start, solution_vector, to_highs,
                                value_roles, with_save_budget)
 
@@ -267,8 +267,9 @@ def solve_milp(
                              save_budget_bytes)
     h = to_highs(f)
     info = {"formulation": formulation_info(f)}
+    found = None  # the stage bound, where the MILP takes it
     if budget_bytes is not None and save_budget_bytes is None and f.R:
-        _bound_below(h, f, graph, budget_bytes, time_limit, info)
+        found = _bound_below(h, f, graph, budget_bytes, time_limit, info)
     warm = None
     if warm_start:
         if budget_bytes is None:  # smallest peak: start from the baseline plan of smallest peak
@@ -279,9 +280,8 @@ def solve_milp(
                 plans = within_save_budget(graph, plans, save_budget_bytes)
             elif baselines:
                 plans += keep_set_plans(graph, budget_bytes, time_limit)
-                if f.R:  # the plan of the stage bound's solution (the bound is memoised: _bound_below made it)
-                    found = stage_bound(graph, budget_bytes, time_limit=time_for_bound(time_limit or DEFAULT_TIME_LIMIT))
-                    plans += [guided] if (guided := guided_plan(graph, budget_bytes, found)) is not None else []
+                if found is not None and (guided := guided_plan(graph, budget_bytes, found)) is not None:
+                    plans.append(guided)  # the plan of the stage bound's solution
             if lp_warm_start and save_budget_bytes is None:  # LP rounding often lands far closer to the optimum than any baseline
                 try:
                     plans.append(
@@ -341,20 +341,22 @@ def solve_milp(
                         gap=info["gap"], detail=f" (HiGHS: {status_name})")
 
 
-def _bound_below(h, f: Formulation, graph: Graph, budget_bytes: int, time_limit, info: dict) -> None:
-    """Add the row "recomputation ≥ the stage bound" (:mod:`remat.solvers.stage_bound`): the MILP's
-    own LP bound is weak on graphs of 100 ops and more; with the row, a plan that meets the stage bound
-    is proven optimal as soon as HiGHS finds it."""
+def _bound_below(h, f: Formulation, graph: Graph, budget_bytes: int, time_limit, info: dict) -> StageBound:
+    """Add the row "recomputation ≥ the stage bound" (:mod:`remat.solvers.stage_bound`), and return
+    that bound: the MILP's own LP bound is weak on graphs of 100 ops and more; with the row, a plan
+    that meets the stage bound is proven optimal as soon as HiGHS finds it."""
     import highspy
 
     limit = time_for_bound(time_limit if time_limit is not None else DEFAULT_TIME_LIMIT)
-    floor = stage_bound(graph, budget_bytes, time_limit=limit).cost
+    found = stage_bound(graph, budget_bytes, time_limit=limit)
+    floor = found.cost
     info["stage bound seconds"] = floor
     if 0 < floor < math.inf:
         columns = np.fromiter(f.R.values(), dtype=np.int32, count=len(f.R))
         costs = np.asarray(f.col_cost, dtype=np.float64)[columns]
         # (1e-6 below: the stage MILPs' tolerances must never cut the optimum off)
         h.addRow(floor / f.cost_scale * (1 - 1e-6), highspy.kHighsInf, len(columns), columns, costs)
+    return found
 
 
 def finish_exact(plan: Plan, budget_bytes: int | None, *, optimal: bool, quiet: bool, limit: float, gap, detail="") -> Plan:

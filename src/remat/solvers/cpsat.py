@@ -430,11 +430,14 @@ def solve_cpsat(
     floor = None
     if budget_bytes is not None:  # no plan in the order costs less; the plan of its solution often costs that
         units = cost_units(graph)[0]
-        known = None if stages is None else sum(units[i] * len(ts) for i, ts in stages.items())
-        floor = stage_bound(graph, budget_bytes, costs=units, time_limit=time_for_bound(limit), enough=known)
+
+        def warm_units():  # the warm start's recomputation, in the objective's units
+            return None if stages is None else sum(units[i] * len(ts) for i, ts in stages.items())
+
+        floor = stage_bound(graph, budget_bytes, costs=units, time_limit=time_for_bound(limit), enough=warm_units())
         if baselines and (guided := guided_plan(graph, budget_bytes, floor)) is not None:
             warm, stages = first_in_the_model(sorted([guided, *candidates], key=lambda p: p.compute_seconds))
-        cost = None if stages is None else sum(units[i] * len(ts) for i, ts in stages.items())
+        cost = warm_units()
         if cost is not None and floor.cost < math.inf and cost <= floor.cost * (1 + 1e-6):
             return _proven_by_the_bound(warm, cost, floor.cost, began)  # a plan at the bound: nothing to search
     if stages:  # room for the warm start's recomputations, so that the search starts from a plan

@@ -117,6 +117,10 @@ def _stage_bound(graph: Graph, budget: int, costs, time_limit: float, enough: fl
         return StageBound(0.0, None, 0, 0)
     stages = _Stages(graph, costs)
     best, where, solved = 0.0, None, 0
+
+    def enough_reached() -> bool:
+        return enough is not None and best >= enough * (1 - 1e-6)
+
     order = sorted(excess, key=lambda s: -excess[s])  # largest excess first
     for t in order:
         if solved and time.perf_counter() - started > time_limit:
@@ -125,9 +129,9 @@ def _stage_bound(graph: Graph, budget: int, costs, time_limit: float, enough: fl
         solved += 1
         if bound > best:
             best, where = bound, t
-        if math.isinf(best) or (enough is not None and best >= enough * (1 - 1e-6)):
+        if math.isinf(best) or enough_reached():
             break
-    if enough is not None and best >= enough * (1 - 1e-6):
+    if enough_reached():  # a plan at hand meets the stages' bound: no joint MILP needed
         return StageBound(best, where, solved, len(excess))
     joint, schedules = 0.0, []
     solved_excess = {t: excess[t] for t in order[:solved]}
